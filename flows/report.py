@@ -1,0 +1,26 @@
+"""Prefect flow for the 'report' stage (`dvc repro` runs `python flows/report.py`)."""
+import _bootstrap  # noqa: F401  (hermetic defaults before prefect is imported)
+
+import argparse
+
+from prefect import flow
+
+from trinity import stages
+from trinity.config import load_settings
+from trinity.tracking import StageRun
+
+
+@flow(name="trinity-report", log_prints=True)
+def report_flow(params: str = "params.yaml") -> dict:
+    settings = load_settings(params)
+    with StageRun(settings, "report") as run:
+        out = {"report": str(stages.report(settings))}
+        run.summary(out)
+    print(f"[report] {out}")
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--params", default="params.yaml")
+    report_flow(ap.parse_args().params)

@@ -1,0 +1,190 @@
+"""params.yaml → validated, typed settings.
+
+Every section is a pydantic model with `extra="forbid"` and strict scalar types, so an unknown key or a
+wrong type fails at load with a message naming the file and the dotted key, before any work starts.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trinity.records import stable_hash
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ConfigError(ValueError):
+    """params.yaml (or another settings file) is wrong; the message names the file and the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class DataSettings(_Section):
+    root: str = "../shared/benchmarks"
+    """Benchmark directory, relative to the project root; env TRINITY_DATA_DIR overrides it."""
+    train: dict[str, int] = Field(default_factory=lambda: {"math500": 4, "mmlu": 4})
+    """Training sources → number of items drawn (seeded) from each."""
+    heldout: dict[str, int] = Field(default_factory=lambda: {"gsm8k": 10})
+    """Held-out evaluation sources → number of items."""
+    seed: int = 0
+    math500_max_level: int = 5
+    """Only MATH-500 problems of at most this difficulty level (1-5) are drawn."""
+
+    def resolved_root(self) -> Path:
+        env = os.environ.get("TRINITY_DATA_DIR")
+        p = Path(env) if env else Path(self.root)
+        return p if p.is_absolute() else (PROJECT_ROOT / p).resolve()
+
+
+class PoolMember(_Section):
+    name: str
+    backend: Literal["local", "openai"]
+    model: str
+    """Local: a bundled model id (see trinity.pool.bundled) or a path to a .gguf file.
+    OpenAI-compatible: the model id sent to the endpoint."""
+    base_url: str | None = None
+    api_key_env: str | None = None
+    """Name of the environment variable that holds the key (never the key itself)."""
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_tokens: int = 256
+    price_input_per_mtok: float = 0.0
+    price_output_per_mtok: float = 0.0
+    max_concurrency: int = 1
+    timeout_s: float = 120.0
+    max_retries: int = 5
+    n_threads: int = 2
+    n_ctx: int = 4096
+    prompt_style: Literal["chat", "completion"] = "chat"
+    """"completion" for base (non-chat) models: the messages are rendered as a few-shot text prompt."""
+
+    @field_validator("temperature", "top_p", "price_input_per_mtok", "price_output_per_mtok", "timeout_s", mode="before")
+    @classmethod
+    def _int_is_float(cls, v):
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _check_backend_fields(self):
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError(f"pool member {self.name!r}: backend 'openai' needs base_url")
+        return self
+
+
+class PoolSettings(_Section):
+    members: list[PoolMember]
+    max_concurrency: int = 8
+    """Global cap on in-flight calls across the whole pool."""
+
+    @model_validator(mode="after")
+    def _unique_names(self):
+        names = [m.name for m in self.members]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool member names must be unique, got {names}")
+        if not names:
+            raise ValueError("pool.members is empty")
+        return self
+
+
+class CoordinatorSettings(_Section):
+    encoder: str = "smollm2-135m-instruct"
+    """A bundled GGUF id (loaded through transformers, converted copy cached) or a local HF model path."""
+    max_turns: int = 3
+    max_encode_tokens: int = 2048
+    """Transcripts longer than this keep their last tokens (the head reads the end of the conversation)."""
+    policy_eval: Literal["argmax", "sample"] = "argmax"
+    thinker_max_tokens: int = 160
+    verifier_max_tokens: int = 48
+    """Role caps on a member's max_tokens: a suggestion or a verdict needs far fewer tokens than a solution."""
+
+
+class RewardSettings(_Section):
+    diversity_weight: float = 0.15
+    turn_penalty_weight: float = 0.1
+    cost_weight: float = 0.0
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _int_is_float(cls, v):
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class EvolveSettings(_Section):
+    seed: int = 0
+    generations: int = 3
+    sigma0: float = 0.03
+    popsize: int | None = None
+    """None → pycma's default ⌈4 + 3 ln n⌉."""
+    episodes_per_candidate: int = 4
+    """Tasks drawn per generation (seeded); every candidate plays each of them once."""
+
+    @field_validator("sigma0", mode="before")
+    @classmethod
+    def _int_is_float(cls, v):
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class EvaluateSettings(_Section):
+    seed: int = 0
+    random_routing_seed: int = 0
+
+
+class TrackingSettings(_Section):
+    wandb_project: str = "trinity"
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    """The env var WANDB_MODE overrides this."""
+
+
+class Settings(_Section):
+    data: DataSettings = Field(default_factory=DataSettings)
+    pool: PoolSettings
+    coordinator: CoordinatorSettings = Field(default_factory=CoordinatorSettings)
+    reward: RewardSettings = Field(default_factory=RewardSettings)
+    evolve: EvolveSettings = Field(default_factory=EvolveSettings)
+    evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+
+    source_path: str = ""
+    """Where these settings were read from (filled by load_settings)."""
+
+    def section_hash(self, *sections: str) -> str:
+        return stable_hash({s: getattr(self, s).model_dump() for s in sections})
+
+    def params_hash(self) -> str:
+        return stable_hash(self.model_dump(exclude={"source_path"}))
+
+
+def load_settings(path: str | os.PathLike = "params.yaml") -> Settings:
+    """Read and validate a params file. Raises ConfigError naming the file and the dotted key."""
+    path = Path(path)
+    if not path.is_absolute() and not path.exists():
+        path = PROJECT_ROOT / path
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    if "source_path" in raw:
+        raise ConfigError(f"{path}: key 'source_path' is reserved")
+    try:
+        return Settings.model_validate({**raw, "source_path": str(path)})
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "<top level>"
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            else:
+                msg = err["msg"]
+                if "input" in err and not isinstance(err["input"], dict):
+                    msg += f" (got {err['input']!r})"
+            lines.append(f"  {key}: {msg}")
+        raise ConfigError(f"{path}: invalid settings\n" + "\n".join(lines)) from None

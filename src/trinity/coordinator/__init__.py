@@ -1,0 +1,1 @@
+"""The coordinator: transcript encoder (hidden states, KV-prefix reuse, SVF), head, roles, episode."""

@@ -1,0 +1,628 @@
+"""Transcript → feature vector: a hidden state of the coordinator LM.
+
+The paper's feature is the last layer's hidden state at the *penultimate* token of the transcript
+(the last token costs ~6 points in its ablation); layer, token position and mean pooling are
+configurable here for ablations. The coordinator generates nothing, so encoding is one forward pass,
+and almost all of the cost of a training run's encoding is spent on tokens it has seen before:
+
+- **KV-prefix reuse.** Turn k+1 of an episode extends turn k's transcript, and sibling nodes of a
+  rollout tree share their parent's transcript. The encoder keeps the key/value cache of recently
+  encoded token sequences (LRU, bounded by entries and tokens) and runs only the tokens after the
+  longest common *token* prefix (texts are tokenized whole, so a token that straddles the old/new
+  boundary is recomputed). At least the last two tokens are always recomputed, so the penultimate
+  token's state comes from a real forward pass. Stored caches are never written to: a reused prefix is
+  a view that the next `DynamicCache.update` concatenates into a new tensor.
+- **SVF.** With `svf_layer=k` the singular values of the weight matrices of block k are scaled
+  (energy preserving: W' = U diag(S(1+δ)) Vᵀ · ΣS/ΣS(1+δ)), applied as W + U diag(S' − S) Vᵀ so δ=0
+  gives W bit for bit. Blocks below k are frozen, so the residual stream at block k's input is cached
+  per token sequence, and a new δ only recomputes blocks k and above.
+
+A bundled GGUF id is dequantised through transformers' GGUF reader once and the fp32 copy is cached
+(save_pretrained) under ~/.cache/trinity/models/hf/<id>/ (env TRINITY_MODEL_CACHE moves the root);
+later loads read that copy. `encoder_id` names model, conversion, feature config and adapter; it is
+the key of the hidden-state store. Not thread-safe: one encoder per process/thread.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+import torch
+
+from trinity.pool import bundled
+
+Pooling = Literal["penultimate", "last", "mean"]
+POOLINGS: tuple[str, ...] = ("penultimate", "last", "mean")
+
+# Architectures whose decoder forward is embed → rotary → blocks → norm with no extra scaling; for these
+# the encoder runs the blocks itself (needed for SVF's partial recompute and for stopping at an early
+# feature layer). Any other causal LM goes through its own `model.model(...)` forward.
+_BLOCK_LOOP_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+_CONVERSION_MARKER = "trinity-conversion.json"
+_DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+_DEFAULT_RESIDUAL_CACHE_BYTES = 256 << 20
+
+
+class EncoderError(RuntimeError):
+    pass
+
+
+def num_threads_from_env(default: int = 2) -> int:
+    """Torch CPU threads: env TRINITY_TORCH_THREADS, else `default` (the project's machines have 2 cores)."""
+    raw = os.environ.get("TRINITY_TORCH_THREADS")
+    if raw is None:
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        raise EncoderError(f"TRINITY_TORCH_THREADS must be a positive integer, got {raw!r}") from None
+    if n < 1:
+        raise EncoderError(f"TRINITY_TORCH_THREADS must be a positive integer, got {raw!r}")
+    return n
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    model_key: str
+    """Which weights: id/path plus a content fingerprint."""
+    conversion: str
+    """How they became the fp32 torch module (e.g. GGUF dequantised by transformers x.y)."""
+
+
+def hf_cache_root() -> Path:
+    return bundled.cache_dir() / "hf"
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _gguf_source(model: str) -> tuple[str, Path, str] | None:
+    """(cache name, gguf path, sha256) for a bundled id or a .gguf path; None for HF models."""
+    if model in bundled.BUNDLED:
+        path = bundled.model_path(model)  # assembles and hash-checks the parts
+        marker = path.with_suffix(path.suffix + ".sha256")
+        sha = marker.read_text().strip() if marker.exists() else _file_sha256(path)
+        return model, path, sha
+    p = Path(model).expanduser()
+    if p.suffix == ".gguf" and p.is_file():
+        sha = _file_sha256(p)
+        return f"{p.stem}-{sha[:12]}", p, sha
+    return None
+
+
+def _convert_gguf(gguf: Path, out: Path, sha: str) -> None:
+    """Dequantise a GGUF to an fp32 HF checkpoint at `out` (atomically: temp dir, then rename)."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    # `from_pretrained(gguf_file=...)` needs accelerate; the same transformers GGUF reader is used
+    # directly instead: config and tokenizer from the file's metadata, tensors dequantised to fp32.
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)
+    tensors = {k: torch.as_tensor(v, dtype=torch.float32) for k, v in parsed["tensors"].items()}
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise EncoderError(
+            f"GGUF {gguf} does not map onto {type(model).__name__}: missing {sorted(set(missing) - tied)}, "
+            f"unexpected {sorted(unexpected)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    os.chmod(tmp, 0o755)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _CONVERSION_MARKER).write_text(json.dumps({
+            "source": gguf.name, "source_sha256": sha, "dtype": "float32",
+            "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
+        }, indent=1) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _dir_fingerprint(d: Path) -> str:
+    h = hashlib.sha256()
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        f = d / name
+        if f.exists():
+            h.update(name.encode() + b"\0" + f.read_bytes())
+    for f in sorted(d.glob("*.safetensors")) + sorted(d.glob("*.bin")):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return h.hexdigest()[:12]
+
+
+def load_causal_lm(model: str, attn_implementation: str = "sdpa") -> LoadedModel:
+    """Load `model` (bundled GGUF id, .gguf path, local HF directory or hub id) as fp32 CPU modules."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = _gguf_source(model)
+    if src is not None:
+        name, gguf, sha = src
+        out = hf_cache_root() / name
+        marker = out / _CONVERSION_MARKER
+        meta = json.loads(marker.read_text()) if marker.exists() else None
+        if meta is None or meta.get("source_sha256") != sha:
+            _convert_gguf(gguf, out, sha)
+            meta = json.loads(marker.read_text())
+        path, model_key = out, f"{name}@sha256:{sha[:16]}"
+        conversion = f"gguf-dequant-tf{meta['transformers']}"
+    else:
+        p = Path(model).expanduser()
+        if p.is_dir():
+            path, model_key, conversion = p, f"{p.resolve().name}@{_dir_fingerprint(p)}", "hf"
+        else:
+            path, model_key, conversion = model, model, "hf"  # hub id; revision appended below
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
+    tok = AutoTokenizer.from_pretrained(path)
+    if src is None and not Path(str(path)).is_dir():
+        commit = getattr(lm.config, "_commit_hash", None)
+        model_key = f"{model}@{commit[:12]}" if commit else model
+    lm.eval()
+    lm.requires_grad_(False)
+    return LoadedModel(lm, tok, model_key, conversion)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Caches
+
+
+@dataclass
+class _PrefixEntry:
+    ids: np.ndarray
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    """Keys/values of the frozen blocks, each [1, kv_heads, n, head_dim]."""
+    residual: torch.Tensor | None
+    """SVF: the stream at the adapted block's input, [n, d]."""
+    states: torch.Tensor | None
+    """Mean pooling without SVF: the feature-layer states of every token, [n, d]."""
+
+
+class _LRU:
+    """OrderedDict with a bound on entries and on a per-entry size (tokens)."""
+
+    def __init__(self, max_entries: int, max_size: int):
+        self.max_entries, self.max_size = max_entries, max_size
+        self.items: OrderedDict[bytes, tuple[object, int]] = OrderedDict()
+        self.size = 0
+
+    def get(self, key):
+        hit = self.items.get(key)
+        if hit is None:
+            return None
+        self.items.move_to_end(key)
+        return hit[0]
+
+    def put(self, key, value, size: int) -> None:
+        self.pop(key)
+        self.items[key] = (value, size)
+        self.size += size
+        while self.items and (len(self.items) > self.max_entries or self.size > self.max_size):
+            _, (_, s) = self.items.popitem(last=False)
+            self.size -= s
+
+    def pop(self, key) -> None:
+        old = self.items.pop(key, None)
+        if old is not None:
+            self.size -= old[1]
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.size = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    m = min(len(a), len(b))
+    eq = a[:m] == b[:m]
+    return m if bool(eq.all()) else int(np.argmin(eq))
+
+
+# ----------------------------------------------------------------------------------------------------
+# SVF
+
+
+@dataclass
+class _SVFMatrix:
+    name: str
+    param: torch.nn.Parameter
+    w0: torch.Tensor
+    u: torch.Tensor
+    s: torch.Tensor  # float64
+    vh: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.s.numel())
+
+
+# ----------------------------------------------------------------------------------------------------
+# The encoder
+
+
+class TranscriptEncoder:
+    """Hidden-state features of transcripts from a causal LM (CPU, fp32, eval, no grad).
+
+    model: bundled GGUF id, .gguf path, local HF model directory or hub id (offline cache).
+    layer: hidden-state index as in HF `hidden_states` (0 = embeddings, i = after block i,
+        -1 or num_layers = last block after the final norm, the paper's choice).
+    pooling: "penultimate" (paper), "last", or "mean" over all tokens.
+    max_tokens: longer transcripts keep their leading special tokens and their last tokens.
+    prefix_cache_entries / prefix_cache_tokens: LRU bounds of the KV-prefix cache (tokens default to
+        what fits in 1 GiB of keys/values); prefix_cache_entries=0 disables prefix reuse.
+    svf_layer: block index (negative counts from the end) whose matrices get SVF scales; None = no SVF.
+    svf_matrices: names of the block's linear layers to adapt (default: all, e.g. q/k/v/o/gate/up/down).
+    residual_cache_tokens: LRU bound (tokens) of the per-transcript residual cache used with SVF.
+    """
+
+    def __init__(
+        self,
+        model: str = "smollm2-135m-instruct",
+        *,
+        layer: int = -1,
+        pooling: Pooling = "penultimate",
+        max_tokens: int = 2048,
+        num_threads: int | None = None,
+        prefix_cache_entries: int = 128,
+        prefix_cache_tokens: int | None = None,
+        svf_layer: int | None = None,
+        svf_matrices: Sequence[str] | None = None,
+        residual_cache_tokens: int | None = None,
+        feature_cache_entries: int = 4096,
+    ):
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        if max_tokens < 2:
+            raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
+        torch.set_num_threads(num_threads or num_threads_from_env())
+        loaded = load_causal_lm(model)
+        self._lm = loaded.model
+        self._tok = loaded.tokenizer
+        self._model_key, self._conversion = loaded.model_key, loaded.conversion
+        self._config = self._lm.config.get_text_config(decoder=True)
+        self._base = self._lm.get_decoder() if hasattr(self._lm, "get_decoder") else self._lm.model
+        self.num_layers = int(self._config.num_hidden_layers)
+        self._dim = int(self._config.hidden_size)
+        L = self.num_layers
+        if not -(L + 1) <= layer <= L:
+            raise ValueError(f"layer must be in [{-(L + 1)}, {L}] for a {L}-block model, got {layer}")
+        self._h = layer % (L + 1)  # 0..L; L = final normed output
+        self.pooling: Pooling = pooling
+        self.max_tokens = max_tokens
+        self._head = list(self._tok("", add_special_tokens=True)["input_ids"])
+
+        self._layer_types = list(getattr(self._config, "layer_types", None) or ["full_attention"] * L)
+        self._block_loop = (self._config.model_type in _BLOCK_LOOP_TYPES
+                            and set(self._layer_types) <= {"full_attention", "sliding_attention"})
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+        self._DynamicCache = DynamicCache
+        probe = DynamicCache(config=self._config)
+        # Prefix reuse needs plain growing layers (a sliding-window layer has dropped old tokens).
+        self._reuse_ok = (len(probe.layers) == L and all(type(x) is DynamicLayer for x in probe.layers)
+                          and prefix_cache_entries > 0)
+
+        # SVF
+        self._svf: list[_SVFMatrix] = []
+        self._svf_layer: int | None = None
+        if svf_layer is not None:
+            if not self._block_loop:
+                raise NotImplementedError(
+                    f"SVF needs the block loop, available for {sorted(_BLOCK_LOOP_TYPES)}; "
+                    f"this model is {self._config.model_type!r}")
+            if not -L <= svf_layer < L:
+                raise ValueError(f"svf_layer must be in [{-L}, {L - 1}], got {svf_layer}")
+            k = svf_layer % L
+            if k >= self._h_blocks:
+                raise ValueError(f"svf_layer {k} is not below the feature layer (hidden_states[{self._h}]); "
+                                 f"its scales would not change the feature")
+            self._svf_layer = k
+            self._init_svf(k, svf_matrices)
+        self._svf_delta = np.zeros(self.svf_num_params, dtype=np.float32)
+        self._adapter_key = ""
+
+        # Frozen blocks whose keys/values the prefix cache holds.
+        if not self._block_loop:
+            self._n_frozen = L
+        else:
+            self._n_frozen = self._svf_layer if self._svf_layer is not None else self._h_blocks
+        kv_heads = int(getattr(self._config, "num_key_value_heads", None) or self._config.num_attention_heads)
+        head_dim = int(getattr(self._config, "head_dim", None) or self._dim // self._config.num_attention_heads)
+        self.kv_bytes_per_token = 2 * self._n_frozen * kv_heads * head_dim * 4
+        if prefix_cache_tokens is None:
+            prefix_cache_tokens = _DEFAULT_PREFIX_CACHE_BYTES // max(self.kv_bytes_per_token, 1)
+        if residual_cache_tokens is None:
+            residual_cache_tokens = _DEFAULT_RESIDUAL_CACHE_BYTES // (4 * self._dim)
+        self._prefix = _LRU(max(prefix_cache_entries, 0), prefix_cache_tokens)
+        self._residuals = _LRU(1 << 30, residual_cache_tokens)
+        self._features = _LRU(feature_cache_entries, feature_cache_entries)
+        self._stats = dict.fromkeys(("texts", "tokens", "feature_hits", "residual_hits", "prefix_hits",
+                                     "tokens_reused", "tokens_computed", "upper_tokens"), 0)
+
+    # -- identity ----------------------------------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The underlying transformers causal LM (shared, eval mode; SVF edits its weights in place)."""
+        return self._lm
+
+    @property
+    def tokenizer(self):
+        return self._tok
+
+    @property
+    def _h_blocks(self) -> int:
+        return self._h  # number of blocks the feature needs (L for the final output)
+
+    @property
+    def encoder_id(self) -> str:
+        """Model + conversion + feature config (+ adapter hash when SVF scales are non-zero)."""
+        s = (f"{self._model_key}/{self._conversion}/fp32/"
+             f"h{self._h}of{self.num_layers}-{self.pooling}-max{self.max_tokens}")
+        if self._adapter_key:
+            s += f"/{self._adapter_key}"
+        return s
+
+    # -- SVF ---------------------------------------------------------------------------------------
+
+    def _init_svf(self, k: int, names: Sequence[str] | None) -> None:
+        block = self._base.layers[k]
+        linears = {n: m for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)}
+        chosen = list(linears) if names is None else list(names)
+        unknown = [n for n in chosen if n not in linears]
+        if unknown or not chosen:
+            raise ValueError(f"svf_matrices {unknown or chosen} not among block {k}'s linears {list(linears)}")
+        with torch.no_grad():
+            for n in chosen:
+                w = linears[n].weight
+                u, s, vh = torch.linalg.svd(w.detach().double(), full_matrices=False)
+                self._svf.append(_SVFMatrix(n, w, w.detach().clone(), u.float(), s, vh.float()))
+
+    @property
+    def svf_num_params(self) -> int:
+        return sum(m.size for m in self._svf)
+
+    @property
+    def svf_layout(self) -> list[tuple[str, int]]:
+        """(matrix name, number of singular values) in the order `set_svf_delta` reads δ."""
+        return [(m.name, m.size) for m in self._svf]
+
+    @property
+    def svf_delta(self) -> np.ndarray:
+        return self._svf_delta.copy()
+
+    def set_svf_delta(self, delta: np.ndarray) -> None:
+        """Scale block `svf_layer`'s singular values by (1+δ), renormalised to keep ΣS per matrix."""
+        if not self._svf:
+            raise EncoderError("this encoder was built without svf_layer")
+        d = np.asarray(delta, dtype=np.float32).reshape(-1)
+        if d.shape != (self.svf_num_params,):
+            raise ValueError(f"delta must have {self.svf_num_params} values, got shape {np.shape(delta)}")
+        if not np.all(np.isfinite(d)):
+            raise ValueError("delta has non-finite values")
+        off = 0
+        with torch.no_grad():
+            for m in self._svf:
+                dm = torch.from_numpy(d[off:off + m.size].astype(np.float64))
+                off += m.size
+                if not torch.any(dm):
+                    m.param.copy_(m.w0)
+                    continue
+                scaled = m.s * (1.0 + dm)
+                total = scaled.sum()
+                if not total > 0:
+                    raise ValueError(f"delta makes the singular values of {m.name} sum to {float(total)} <= 0")
+                s_new = scaled * (m.s.sum() / total)
+                corr = (m.u * (s_new - m.s).float()) @ m.vh
+                m.param.copy_(m.w0 + corr)
+        self._svf_delta = d.copy()
+        if np.any(d):
+            spec = json.dumps({"layer": self._svf_layer, "matrices": [m.name for m in self._svf]})
+            h = hashlib.sha256(spec.encode() + d.tobytes()).hexdigest()[:16]
+            self._adapter_key = f"svf{self._svf_layer}-{h}"
+        else:
+            self._adapter_key = ""
+
+    # -- tokens --------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> np.ndarray:
+        """Token ids the model reads for `text` (leading special tokens kept, then the last tokens)."""
+        ids = list(self._tok(text, add_special_tokens=True)["input_ids"])
+        if len(ids) > self.max_tokens:
+            head = self._head if ids[:len(self._head)] == self._head else []
+            ids = head + ids[len(ids) - (self.max_tokens - len(head)):]
+        if not ids:
+            raise ValueError("text tokenizes to no tokens; the encoder needs at least one")
+        return np.asarray(ids, dtype=np.int64)
+
+    # -- encoding ------------------------------------------------------------------------------------
+
+    def encode(self, texts: Sequence[str], *, reuse: bool = True) -> np.ndarray:
+        """Features of `texts`, float32 (n, dim). reuse=False bypasses (and does not fill) every cache."""
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts")
+        out = np.empty((len(texts), self._dim), dtype=np.float32)
+        if not texts:
+            return out
+        ids = [self.tokenize(t) for t in texts]
+        # Parents before children (lexicographic token order) so each text can extend an earlier one.
+        order = sorted(range(len(texts)), key=lambda i: ids[i].tolist())
+        with torch.no_grad():
+            for i in order:
+                out[i] = self._encode_ids(ids[i], reuse)
+        return out
+
+    def encode_ids(self, ids: np.ndarray, *, reuse: bool = True) -> np.ndarray:
+        """Feature of one already tokenized sequence, float32 (dim,)."""
+        with torch.no_grad():
+            return self._encode_ids(np.asarray(ids, dtype=np.int64), reuse)
+
+    def clear_cache(self) -> None:
+        self._prefix.clear()
+        self._residuals.clear()
+        self._features.clear()
+
+    def cache_stats(self) -> dict:
+        return {
+            **self._stats,
+            "prefix_entries": len(self._prefix), "prefix_tokens": self._prefix.size,
+            "prefix_bytes": self._prefix.size * self.kv_bytes_per_token,
+            "residual_entries": len(self._residuals), "residual_tokens": self._residuals.size,
+            "feature_entries": len(self._features),
+        }
+
+    def _encode_ids(self, ids: np.ndarray, reuse: bool) -> np.ndarray:
+        n = len(ids)
+        key = ids.tobytes()
+        st = self._stats
+        st["texts"] += 1
+        st["tokens"] += n
+        fkey = self._adapter_key.encode() + b"|" + key
+        if reuse:
+            hit = self._features.get(fkey)
+            if hit is not None:
+                st["feature_hits"] += 1
+                return hit.copy()
+        svf = self._svf_layer is not None
+        residual = self._residuals.get(key) if (svf and reuse) else None
+        if residual is not None:
+            st["residual_hits"] += 1
+        else:
+            use_prefix = reuse and self._reuse_ok
+            p, entry = self._find_prefix(ids, max_p=n if svf else n - min(2, n)) if use_prefix else (0, None)
+            if entry is not None and p == n:  # SVF: same tokens, residual still in the prefix entry
+                x = entry.residual[:0]
+                cache = None
+            else:
+                cache = self._cache_from(entry, p)
+                x = self._forward_frozen(torch.from_numpy(ids[p:]).unsqueeze(0), p, cache)
+            st["tokens_reused"] += p
+            st["tokens_computed"] += n - p
+            if entry is not None:
+                st["prefix_hits"] += 1
+            if svf:
+                residual = x if entry is None else torch.cat([entry.residual[:p], x])
+            states = None
+            if not svf:
+                states = x if entry is None or self.pooling != "mean" else torch.cat([entry.states[:p], x])
+            if use_prefix and cache is not None:
+                if entry is not None and p == len(entry.ids):
+                    self._prefix.pop(entry.ids.tobytes())  # superseded: the new entry extends it
+                kv = [(cache.layers[i].keys, cache.layers[i].values) for i in range(self._n_frozen)]
+                self._prefix.put(key, _PrefixEntry(ids, kv, residual if svf else None,
+                                                   states if self.pooling == "mean" else None), n)
+            if svf and reuse:
+                self._residuals.put(key, residual, n)
+            if not svf:
+                # Rows of `states` are tokens offset..n-1.
+                feat = self._pool(states, n, offset=n - states.shape[0])
+                if reuse:
+                    self._features.put(fkey, feat, 1)
+                return feat.copy()
+        # SVF: blocks from the adapted one upward, over the whole sequence.
+        st["upper_tokens"] += n
+        pos = torch.arange(n).unsqueeze(0)
+        h = self._run_blocks(residual.unsqueeze(0), self._svf_layer, self._h_blocks, pos, None)
+        if self._h == self.num_layers:
+            h = self._base.norm(h)
+        feat = self._pool(h[0], n, offset=0)
+        if reuse:
+            self._features.put(fkey, feat, 1)
+        return feat.copy()
+
+    def _pool(self, states: torch.Tensor, n: int, offset: int) -> np.ndarray:
+        if self.pooling == "mean":
+            v = states.mean(dim=0)
+        else:
+            pos = n - 1 if self.pooling == "last" else max(n - 2, 0)
+            v = states[pos - offset]
+        return v.to(torch.float32).numpy().copy()
+
+    def _find_prefix(self, ids: np.ndarray, max_p: int) -> tuple[int, _PrefixEntry | None]:
+        best, best_p = None, 0
+        for _, (entry, _) in reversed(self._prefix.items.items()):  # most recent first wins ties
+            p = _common_prefix(entry.ids, ids)
+            if p > best_p:
+                best, best_p = entry, p
+        p = min(best_p, max_p)
+        if best is None or p <= 0:
+            return 0, None
+        self._prefix.get(best.ids.tobytes())  # mark as recently used
+        return p, best
+
+    def _cache_from(self, entry: _PrefixEntry | None, p: int):
+        cache = self._DynamicCache(config=self._config)
+        if entry is not None and p > 0:
+            for layer, (k, v) in zip(cache.layers, entry.kv):
+                layer.lazy_initialization(k, v)
+                # Views: DynamicLayer.update concatenates into a new tensor, never writes into these.
+                layer.keys, layer.values = k[:, :, :p, :], v[:, :, :p, :]
+        return cache
+
+    def _forward_frozen(self, new_ids: torch.Tensor, p: int, cache) -> torch.Tensor:
+        """Run the frozen part over tokens p.. (extending `cache`): returns, per new token, the stream at
+        the SVF block's input, or (no SVF) the feature-layer state, final-normed if it is the last layer."""
+        m = new_ids.shape[1]
+        pos = torch.arange(p, p + m).unsqueeze(0)
+        if not self._block_loop:
+            want = self._h
+            out = self._base(input_ids=new_ids, position_ids=pos, past_key_values=cache, use_cache=True,
+                             output_hidden_states=want if want != self.num_layers else None)
+            h = out.last_hidden_state if want == self.num_layers else out.hidden_states[want]
+            return h[0]
+        x = self._base.embed_tokens(new_ids)
+        x = self._run_blocks(x, 0, self._n_frozen, pos, cache)
+        if self._svf_layer is None and self._h == self.num_layers:
+            x = self._base.norm(x)
+        return x[0]
+
+    def _run_blocks(self, x: torch.Tensor, start: int, stop: int, pos: torch.Tensor, cache) -> torch.Tensor:
+        """Blocks [start, stop) over x [1, m, d] at positions `pos`, as the model's own forward does."""
+        if start >= stop:
+            return x
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        kw = dict(config=self._config, inputs_embeds=x, attention_mask=None, past_key_values=cache,
+                  position_ids=pos)
+        types = self._layer_types[start:stop]
+        masks = {}
+        if "full_attention" in types:
+            masks["full_attention"] = create_causal_mask(**kw)
+        if "sliding_attention" in types:
+            masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
+        pe = self._base.rotary_emb(x, pos)
+        for i in range(start, stop):
+            x = self._base.layers[i](x, attention_mask=masks[self._layer_types[i]], position_embeddings=pe,
+                                     position_ids=pos, past_key_values=cache, use_cache=cache is not None)
+        return x

@@ -1,0 +1,186 @@
+"""Seeded train / held-out splits, the contamination guard, and Task JSONL files.
+
+The held-out benchmarks are the point of the evaluation (the paper's claim is zero-shot transfer), so
+`build_splits` refuses to return a split in which a held-out source, a held-out task id, or a held-out
+prompt text appears in training.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from trinity.data.loaders import BENCHMARKS, DataError, PathLike, _stable_int
+from trinity.records import Task
+
+HELDOUT_SOURCES = frozenset({"aime", "bigcodebench", "bigcodebench_hard", "mt_bench", "gpqa"})
+"""Benchmarks that must never be trained on (the paper's unseen set)."""
+
+# "<name>:<value>" in a split spec sets this loader keyword; e.g. "gsm8k:train", "mmlu:val", "gpqa:main".
+_VARIANT_KW = {"gsm8k": "split", "mmlu": "split", "mbpp": "split", "gpqa": "subset", "livecodebench": "subset"}
+# Defaults when the spec names no variant: train on GSM8K's train split, evaluate on its test split.
+_ROLE_DEFAULTS = {"train": {"gsm8k": "train"}, "heldout": {"gsm8k": "test"}}
+
+
+class ContaminationError(ValueError):
+    """Training data overlaps the held-out data (by source, task id or prompt text)."""
+
+
+def sample_tasks(tasks: Sequence[Task], n: int, seed: int | Sequence[int]) -> list[Task]:
+    """`n` tasks drawn without replacement, the same for the same input set and seed in every run.
+
+    The tasks are sorted by id first, so the draw does not depend on file or load order; then a seeded
+    permutation (numpy default_rng) picks them. Smaller n gives a prefix of larger n's draw.
+    n = -1 takes all of them (in the permuted order)."""
+    ordered = sorted(tasks, key=lambda t: t.id)
+    ids = [t.id for t in ordered]
+    if len(set(ids)) != len(ids):
+        dup = next(i for a, i in zip(ids, ids[1:]) if a == i)
+        raise ValueError(f"duplicate task id {dup!r}: sample_tasks needs unique ids")
+    if n == -1:
+        n = len(ordered)
+    if not 0 <= n <= len(ordered):
+        raise ValueError(f"cannot draw {n} tasks from {len(ordered)}")
+    perm = np.random.default_rng(seed).permutation(len(ordered))
+    return [ordered[i] for i in perm[:n]]
+
+
+def _parse_key(key: str, role: str) -> tuple[str, dict[str, Any]]:
+    name, _, variant = key.partition(":")
+    if name not in BENCHMARKS:
+        raise ValueError(f"data.{role}: unknown benchmark {name!r} (known: {sorted(BENCHMARKS)})")
+    variant = variant or _ROLE_DEFAULTS[role].get(name, "")
+    if not variant:
+        return name, {}
+    if name not in _VARIANT_KW:
+        raise ValueError(f"data.{role}: {name!r} has no split/subset variants (got {key!r})")
+    return name, {_VARIANT_KW[name]: variant}
+
+
+def build_splits(
+    root: PathLike,
+    train: dict[str, int],
+    heldout: dict[str, int],
+    seed: int,
+    math500_max_level: int = 5,
+) -> tuple[list[Task], list[Task]]:
+    """Load each named benchmark from `root` and draw the requested number of tasks from each.
+
+    Keys are benchmark names, optionally "<name>:<split or subset>" (gsm8k defaults to its train split
+    for training and its test split for held-out). Each source is drawn with its own seed derived from
+    (`seed`, key), so adding a source does not reshuffle the others. MATH-500 is limited to problems of
+    level ≤ `math500_max_level`; GPQA's option shuffle uses `seed` too. Raises ContaminationError if the
+    result mixes training and held-out data."""
+    if not 1 <= math500_max_level <= 5:
+        raise ValueError(f"math500_max_level must be 1-5, got {math500_max_level}")
+    cache: dict[tuple, list[Task]] = {}
+
+    def draw(spec: dict[str, int], role: str) -> list[Task]:
+        out: list[Task] = []
+        for key, n in spec.items():
+            name, kw = _parse_key(key, role)
+            if name == "math500":
+                kw["max_level"] = math500_max_level
+            if name == "gpqa":
+                kw["seed"] = seed
+            ck = (name, tuple(sorted(kw.items())))
+            if ck not in cache:
+                cache[ck] = BENCHMARKS[name](root, **kw)
+            try:
+                out += sample_tasks(cache[ck], n, _stable_int(f"{key}:{seed}"))
+            except ValueError as e:
+                raise ValueError(f"data.{role}.{key}: {e}") from None
+        return out
+
+    train_tasks, heldout_tasks = draw(train, "train"), draw(heldout, "heldout")
+    assert_no_contamination(train_tasks, heldout_tasks)
+    return train_tasks, heldout_tasks
+
+
+def _normalise(text: str) -> str:
+    """Lower-case, only letters and digits: formatting differences do not hide a duplicate."""
+    return re.sub(r"[\W_]+", "", text.lower())
+
+
+def _texts(task: Task) -> set[str]:
+    out = {_normalise("\n".join(task.prompt))}
+    for k in ("problem", "question"):  # the bare problem, when a loader wrapped it in a template
+        v = task.metadata.get(k)
+        if isinstance(v, str) and len(_normalise(v)) >= 20:
+            out.add(_normalise(v))
+    return out
+
+
+def assert_no_contamination(
+    train: Iterable[Task], heldout: Iterable[Task], heldout_sources: Iterable[str] = HELDOUT_SOURCES
+) -> None:
+    """Raise ContaminationError if a held-out source is trained on, or if any task id or normalised
+    prompt / problem text is in both sets."""
+    train, heldout = list(train), list(heldout)
+    bad_sources = sorted({t.source for t in train} & set(heldout_sources))
+    if bad_sources:
+        raise ContaminationError(f"held-out benchmarks in the training set: {bad_sources}")
+    shared_ids = sorted({t.id for t in train} & {t.id for t in heldout})
+    if shared_ids:
+        raise ContaminationError(f"{len(shared_ids)} task ids in both training and held-out sets, e.g. {shared_ids[:5]}")
+    seen: dict[str, str] = {}
+    for t in train:
+        for x in _texts(t):
+            seen.setdefault(x, t.id)
+    clashes = [(seen[x], t.id) for t in heldout for x in _texts(t) if x in seen]
+    if clashes:
+        raise ContaminationError(
+            f"{len(clashes)} held-out tasks have the same prompt text as a training task, e.g. "
+            + ", ".join(f"{h} = {tr}" for tr, h in clashes[:5])
+        )
+
+
+def save_tasks(path: PathLike, tasks: Iterable[Task]) -> Path:
+    """Write tasks as JSONL (one Task.to_json object a line); atomic, so a crash leaves no half file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for t in tasks:
+                f.write(json.dumps(t.to_json(), ensure_ascii=False, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_tasks(path: PathLike) -> list[Task]:
+    """Read a file written by save_tasks; a bad line raises DataError with the file and line number."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    tasks = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                if not isinstance(d, dict):
+                    raise TypeError(f"expected a JSON object, got {type(d).__name__}")
+                t = Task.from_json(d)
+                if not (isinstance(t.id, str) and isinstance(t.source, str) and t.prompt
+                        and all(isinstance(p, str) for p in t.prompt)
+                        and t.grader in ("math", "choice", "code", "judge")):
+                    raise TypeError("id/source/prompt/grader have the wrong type or value")
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: line {n}: not valid JSON ({e.msg})") from None
+            except (KeyError, TypeError) as e:
+                raise DataError(f"{path}: line {n}: not a Task record ({e})") from None
+            tasks.append(t)
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise DataError(f"{path}: duplicate task ids")
+    return tasks

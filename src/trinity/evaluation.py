@@ -1,0 +1,83 @@
+"""Held-out evaluation: the trained coordinator vs each pool model alone vs uniform random routing.
+
+All methods see the same items. "Alone" = that model as Worker for one turn (the same prompt the
+coordinator's first Worker turn sends, so those answers are shared through the response store).
+"Random routing" = the same episode loop with a zero head (uniform model and role picks), seeded.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from trinity.config import Settings
+from trinity.coordinator.episode import Episode, StateCache, episode_rng, play_episodes
+from trinity.coordinator.head import HeadShape
+from trinity.coordinator.roles import Role, role_messages
+from trinity.records import Task
+
+
+@dataclass
+class MethodResult:
+    method: str
+    accuracy: float
+    n: int
+    mean_turns: float
+    calls: int
+    cost_usd: float
+    per_task: list[dict]
+
+
+def _summarise(method: str, rows: list[dict], calls: int, cost: float) -> MethodResult:
+    n = len(rows)
+    return MethodResult(method=method, accuracy=float(np.mean([r["correct"] for r in rows])) if n else 0.0, n=n,
+                        mean_turns=float(np.mean([r["turns"] for r in rows])) if n else 0.0, calls=calls,
+                        cost_usd=cost, per_task=rows)
+
+
+async def _alone(pool, idx: int, tasks: Sequence[Task], grade) -> list[dict]:
+    replies = await asyncio.gather(*(pool.complete(idx, role_messages(Role.WORKER, t, ()), Role.WORKER.value)
+                                     for t in tasks))
+    return [{"task_id": t.id, "correct": float(grade(t, r.text)) if r.ok else 0.0, "turns": 1,
+             "path": [[str(idx), "worker"]], "answer": r.text, "ok": r.ok, "error": r.error}
+            for t, r in zip(tasks, replies)]
+
+
+def _episode_rows(eps: Sequence[Episode]) -> list[dict]:
+    return [{"task_id": e.task.id, "correct": e.correct, "turns": len(e.turns), "reward": e.reward,
+             "path": e.path, "verifier_first": e.verifier_first,
+             "answer": next((t.text for t in reversed(e.turns) if t.role is Role.WORKER), None)} for e in eps]
+
+
+def evaluate(settings: Settings, params: np.ndarray, tasks: Sequence[Task], pool, states: StateCache,
+             grade: Callable[[Task, str], float]) -> list[MethodResult]:
+    shape = HeadShape(n_models=len(pool), dim=states.dim)
+    W = shape.unflatten(params)
+    ev = settings.evaluate
+    results = []
+
+    def run(method, coro_factory):
+        c0, cost0 = pool.stats.calls_made, pool.stats.cost_usd
+        rows = coro_factory()
+        results.append(_summarise(method, rows, pool.stats.calls_made - c0, pool.stats.cost_usd - cost0))
+
+    def trinity():
+        sample = settings.coordinator.policy_eval == "sample"
+        eps = [Episode(task=t, candidate=0, rng=episode_rng(ev.seed, "eval", t.id) if sample else None) for t in tasks]
+        asyncio.run(play_episodes(eps, [W], pool, states, settings.coordinator.max_turns, settings.reward, grade))
+        return _episode_rows(eps)
+
+    run("trinity", trinity)
+    for i, name in enumerate(pool.names):
+        run(f"alone:{name}", lambda i=i: asyncio.run(_alone(pool, i, tasks, grade)))
+
+    def random_routing():
+        eps = [Episode(task=t, candidate=0, rng=episode_rng(ev.random_routing_seed, "random", t.id)) for t in tasks]
+        asyncio.run(play_episodes(eps, [np.zeros_like(W)], pool, states, settings.coordinator.max_turns,
+                                  settings.reward, grade))
+        return _episode_rows(eps)
+
+    run("random-routing", random_routing)
+    return results

@@ -1,0 +1,1 @@
+"""Training the head: sep-CMA-ES over memoised rollout trees."""

@@ -1,0 +1,1 @@
+"""The pool: the models a coordinator routes between, behind one async `ChatModel` interface."""

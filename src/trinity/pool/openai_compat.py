@@ -1,0 +1,392 @@
+"""Pool backend for any OpenAI-compatible chat-completions endpoint (OpenAI, Anthropic's and Gemini's
+compatible endpoints, vLLM, SGLang, Ollama, llama.cpp server, ...).
+
+Built on the official `openai` SDK with the SDK's own retries switched off (max_retries=0): retries
+are ours, because we want one policy across providers and exact accounting of every attempt.
+
+Per call:
+  * concurrency: a per-model semaphore (`member.max_concurrency`), then the pool-wide one passed in
+    (`global_limit`, from `pool.max_concurrency`). Slots are held only while a request is on the wire,
+    never while backing off, so one throttled model does not starve the others.
+  * deadline: `member.timeout_s` per attempt, enforced both by the HTTP client and by an asyncio
+    timeout around the whole attempt (a server that trickles bytes cannot outlive it).
+  * retries: up to `member.max_retries` more attempts for 408/409/429/5xx, timeouts, dropped
+    connections and unparseable (truncated) bodies. Delay = full jitter, uniform(0, min(cap,
+    base·2^attempt)), but never less than the server's Retry-After (`retry-after-ms`, or
+    `Retry-After` in seconds or as an HTTP date). A Retry-After beyond `max_retry_after_s`, or a 429
+    saying the quota is exhausted, ends the call at once: waiting would not help.
+  * a reply that parses but carries no answer (no choices, null or empty content) is a failed
+    ChatResponse with the reason, not retried: the endpoint answered, and it was billed.
+  * never raises for model-side failures: the result is a ChatResponse with ok=False and the reason.
+
+Secrets: the API key is read from os.environ[member.api_key_env] once, at construction, and handed
+only to the SDK client. It is not kept on this object, not in its repr, and every error text that
+leaves this module goes through `trinity.tracking_redact` with the key as an explicit secret (a
+proxy that echoes the Authorization header in an error body is scrubbed too).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx2
+import openai
+
+from trinity.config import PoolMember
+from trinity.pool.errors import PoolConfigError, api_key_from_env
+from trinity.records import ChatMessage, ChatResponse, SamplingParams
+from trinity.tracking_redact import redact_text, register_secret_env_names
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE_STATUS = frozenset({408, 409, 429})
+_NO_KEY_PLACEHOLDER = "no-key"  # the SDK insists on some key; keyless local servers ignore it
+_ERROR_EXCERPT_CHARS = 300
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    """Accumulated over every `chat` call of one model since construction (or `reset_totals`)."""
+
+    calls: int = 0
+    ok_calls: int = 0
+    failed_calls: int = 0
+    attempts: int = 0
+    """HTTP requests sent (calls + retries)."""
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """The outcome of one HTTP attempt."""
+
+    response: ChatResponse | None = None
+    """Final answer (ok, or a failure that retrying would not fix)."""
+    error: str | None = None
+    """Set when the attempt failed in a retryable way."""
+    retry_after_s: float | None = None
+    give_up: bool = False
+
+
+class OpenAICompatibleChatModel:
+    """A `ChatModel` backed by an OpenAI-compatible endpoint. See the module docstring for the policy.
+
+    `backoff_base_s`, `backoff_max_s`, `max_retry_after_s` tune the retry delays; `rng` and `sleep`
+    exist so tests can make backoff deterministic or fast.
+    """
+
+    def __init__(
+        self,
+        member: PoolMember,
+        global_limit: asyncio.Semaphore | None = None,
+        *,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        max_retry_after_s: float = 120.0,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
+        if member.backend != "openai":
+            raise PoolConfigError(f"pool member {member.name!r}: backend is {member.backend!r}, "
+                                  f"OpenAICompatibleChatModel needs backend 'openai'")
+        if not member.base_url:
+            raise PoolConfigError(f"pool member {member.name!r}: backend 'openai' needs base_url")
+        if member.max_concurrency < 1:
+            raise PoolConfigError(f"pool member {member.name!r}: max_concurrency must be >= 1")
+        register_secret_env_names([member.api_key_env])
+        key = api_key_from_env(member)  # raises MissingApiKeyError naming member and env var
+
+        self.name = member.name
+        self.model_id = f"openai-compatible:{member.model}@{_public_url(member.base_url)}"
+        """Endpoint model name + endpoint: the same name on two servers may be different weights."""
+        self.member = member
+        self._secrets: tuple[str, ...] = (key,) if key else ()
+        self._local_limit = asyncio.Semaphore(member.max_concurrency)
+        self._global_limit = global_limit
+        self._backoff_base_s = backoff_base_s
+        self._backoff_max_s = backoff_max_s
+        self._max_retry_after_s = max_retry_after_s
+        self._rng = rng or random.Random()
+        self._sleep = sleep
+        self._totals = UsageTotals()
+        self._client = openai.AsyncOpenAI(
+            api_key=key or _NO_KEY_PLACEHOLDER,
+            base_url=member.base_url,
+            timeout=member.timeout_s,
+            max_retries=0,
+        )
+        del key
+
+    # -- public ----------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return (f"OpenAICompatibleChatModel(name={self.name!r}, model={self.member.model!r}, "
+                f"base_url={_public_url(self.member.base_url or '')!r}, "
+                f"max_concurrency={self.member.max_concurrency})")
+
+    @property
+    def totals(self) -> UsageTotals:
+        return self._totals
+
+    def reset_totals(self) -> None:
+        self._totals = UsageTotals()
+
+    def default_sampling(self, seed: int = 0) -> SamplingParams:
+        """Sampling parameters from the member's settings."""
+        m = self.member
+        return SamplingParams(temperature=m.temperature, top_p=m.top_p, max_tokens=m.max_tokens, seed=seed)
+
+    def cost_of(self, prompt_tokens: int, completion_tokens: int) -> float:
+        m = self.member
+        return (prompt_tokens * m.price_input_per_mtok + completion_tokens * m.price_output_per_mtok) / 1e6
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def __aenter__(self) -> "OpenAICompatibleChatModel":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def chat(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
+        """One chat completion, retried per the module policy. Never raises for model-side failures."""
+        t0 = time.monotonic()
+        body = {
+            "model": self.member.model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+            "seed": sampling.seed,
+        }
+        attempts = 0
+        last_error = "no attempt made"
+        result: ChatResponse | None = None
+        for attempt in range(self.member.max_retries + 1):
+            attempts += 1
+            outcome = await self._attempt(body)
+            if outcome.response is not None:
+                result = outcome.response
+                break
+            last_error = outcome.error or "unknown failure"
+            if outcome.give_up or attempt == self.member.max_retries:
+                break
+            delay = self._backoff(attempt, outcome.retry_after_s)
+            log.info("pool member %s: attempt %d failed (%s); retrying in %.2fs",
+                     self.name, attempt + 1, last_error, delay)
+            await self._sleep(delay)
+
+        if result is None:
+            reason = last_error if attempts == 1 else f"gave up after {attempts} attempts; last: {last_error}"
+            result = ChatResponse(text="", ok=False, error=reason, model=self.model_id)
+            log.warning("pool member %s: call failed: %s", self.name, reason)
+        result = _with_latency(result, time.monotonic() - t0)
+        self._account(result, attempts)
+        return result
+
+    # -- internals -------------------------------------------------------------------------------
+    async def _attempt(self, body: dict[str, Any]) -> _Attempt:
+        timeout_s = self.member.timeout_s
+        try:
+            async with self._local_limit, (self._global_limit or contextlib.nullcontext()):
+                async with asyncio.timeout(timeout_s):
+                    raw = await self._client.post("/chat/completions", cast_to=httpx2.Response, body=body,
+                                                  options={"timeout": timeout_s})
+                    text = raw.text
+        except (TimeoutError, openai.APITimeoutError):
+            return _Attempt(error=f"timeout after {timeout_s:g}s")
+        except openai.APIStatusError as e:
+            return self._status_failure(e)
+        except openai.APIConnectionError as e:
+            return _Attempt(error=self._clean(f"connection error: {_cause_chain(e)}"))
+        except openai.OpenAIError as e:
+            return _Attempt(error=self._clean(f"client error: {type(e).__name__}: {e}"), give_up=True)
+        except Exception as e:  # noqa: BLE001 - the contract: a model-side failure never raises
+            # Anything else on the request path (a transport quirk, an SDK surprise) is recorded, not
+            # raised: a training run must survive one odd endpoint. Cancellation still propagates.
+            return _Attempt(error=self._clean(f"unexpected {type(e).__name__}: {e}"), give_up=True)
+        return self._parse(text)
+
+    def _status_failure(self, e: openai.APIStatusError) -> _Attempt:
+        status = e.status_code
+        detail = self._clean(_error_message(e))
+        error = f"http {status}: {detail}" if detail else f"http {status}"
+        headers = e.response.headers if e.response is not None else {}
+        retry_after = parse_retry_after(headers)
+        if status == 429 and _error_code(e) == "insufficient_quota":
+            return _Attempt(error=error, give_up=True)
+        if not (status in _RETRYABLE_STATUS or status >= 500):
+            return _Attempt(error=error, give_up=True)
+        if retry_after is not None and retry_after > self._max_retry_after_s:
+            return _Attempt(error=f"{error} (Retry-After {retry_after:.0f}s exceeds the "
+                                  f"{self._max_retry_after_s:.0f}s we wait)", give_up=True)
+        return _Attempt(error=error, retry_after_s=retry_after)
+
+    def _parse(self, text: str) -> _Attempt:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            if not text.strip():
+                return _Attempt(error="malformed reply: empty body")
+            truncated = e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated")
+            kind = "truncated JSON" if truncated else "invalid JSON"
+            return _Attempt(error=f"malformed reply: {kind} ({e.msg}; char {e.pos} of {len(text)})")
+        if not isinstance(data, dict):
+            return _Attempt(error=f"malformed reply: top level is {type(data).__name__}, not an object")
+        if "error" in data and data.get("error") and not data.get("choices"):
+            # Some compatible servers answer 200 with an error object.
+            return _Attempt(error=self._clean(f"error in reply: {_excerpt(data['error'])}"))
+        pt, ct = _usage(data.get("usage"))
+        cost = self.cost_of(pt, ct)
+
+        def failed(reason: str) -> _Attempt:
+            return _Attempt(response=ChatResponse(text="", ok=False, error=reason, prompt_tokens=pt,
+                                                  completion_tokens=ct, cost_usd=cost, model=self.model_id))
+
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return failed("empty reply: no choices")
+        choice = choices[0] if isinstance(choices[0], dict) else {}
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        content = message.get("content")
+        finish = choice.get("finish_reason")
+        if isinstance(content, list):  # content parts, as some servers send
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if content is None:
+            refusal = message.get("refusal")
+            why = f"refusal: {_excerpt(refusal)}" if refusal else f"finish_reason={finish!r}"
+            return failed(self._clean(f"empty reply: null content ({why})"))
+        if not isinstance(content, str):
+            return failed(f"malformed reply: content is {type(content).__name__}")
+        if not content.strip():
+            return failed(f"empty reply: blank content (finish_reason={finish!r})")
+        return _Attempt(response=ChatResponse(text=content, ok=True, prompt_tokens=pt, completion_tokens=ct,
+                                              cost_usd=cost, model=self.model_id))
+
+    def _backoff(self, attempt: int, retry_after_s: float | None) -> float:
+        jitter = self._rng.uniform(0.0, min(self._backoff_max_s, self._backoff_base_s * (2 ** attempt)))
+        return max(jitter, retry_after_s or 0.0)
+
+    def _account(self, r: ChatResponse, attempts: int) -> None:
+        t = self._totals
+        self._totals = UsageTotals(
+            calls=t.calls + 1,
+            ok_calls=t.ok_calls + (1 if r.ok else 0),
+            failed_calls=t.failed_calls + (0 if r.ok else 1),
+            attempts=t.attempts + attempts,
+            retries=t.retries + attempts - 1,
+            prompt_tokens=t.prompt_tokens + r.prompt_tokens,
+            completion_tokens=t.completion_tokens + r.completion_tokens,
+            cost_usd=t.cost_usd + r.cost_usd,
+        )
+
+    def _clean(self, text: str) -> str:
+        return redact_text(text, extra_secrets=self._secrets)
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds to wait from `retry-after-ms`, or `Retry-After` as seconds or an HTTP date; None if absent
+    or unparseable. Negative values (a date in the past) become 0."""
+    ms = headers.get("retry-after-ms")
+    if ms:
+        with contextlib.suppress(ValueError):
+            return max(0.0, float(ms) / 1000.0)
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _usage(usage: Any) -> tuple[int, int]:
+    if not isinstance(usage, dict):
+        return 0, 0
+
+    def num(key: str) -> int:
+        v = usage.get(key)
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 else 0
+
+    return num("prompt_tokens"), num("completion_tokens")
+
+
+def _error_message(e: openai.APIStatusError) -> str:
+    body = e.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return _excerpt(inner["message"])
+        return _excerpt(inner)
+    if body:
+        return _excerpt(body)
+    try:
+        return _excerpt(e.response.text)
+    except Exception:  # noqa: BLE001 - a body we cannot read is no reason to fail harder
+        return ""
+
+
+def _error_code(e: openai.APIStatusError) -> str | None:
+    body = e.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict):
+            return inner.get("code") or inner.get("type")
+    return None
+
+
+def _cause_chain(e: BaseException) -> str:
+    """'APIConnectionError: Connection error. <- RemoteProtocolError: peer closed ...' (bounded)."""
+    parts = []
+    cur: BaseException | None = e
+    while cur is not None and len(parts) < 4:
+        msg = str(cur)
+        part = f"{type(cur).__name__}: {msg}" if msg else type(cur).__name__
+        if not parts or parts[-1] != part:
+            parts.append(part)
+        cur = cur.__cause__ or cur.__context__
+    return _excerpt(" <- ".join(parts))
+
+
+def _excerpt(obj: Any) -> str:
+    s = obj if isinstance(obj, str) else json.dumps(obj, default=str)
+    s = " ".join(s.split())
+    return s if len(s) <= _ERROR_EXCERPT_CHARS else s[:_ERROR_EXCERPT_CHARS] + "..."
+
+
+def _public_url(url: str) -> str:
+    """The URL without credentials or query (both may carry keys)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
+
+
+def _with_latency(r: ChatResponse, latency_s: float) -> ChatResponse:
+    return ChatResponse(text=r.text, ok=r.ok, error=r.error, prompt_tokens=r.prompt_tokens,
+                        completion_tokens=r.completion_tokens, cost_usd=r.cost_usd, latency_s=latency_s,
+                        model=r.model)
+
+
+__all__ = ["OpenAICompatibleChatModel", "UsageTotals", "parse_retry_after"]

@@ -1,0 +1,201 @@
+"""The memo store: every LLM response, hidden state and episode, keyed by content hash.
+
+One DuckDB file (one writer process at a time: DuckDB's rule) with three tables:
+- responses: key = hash(model id, messages, sampling) → text, ok/error, tokens, cost. A hit makes no call.
+- states:    (encoder id, transcript hash) → float32 vector.
+- episodes:  (run, generation, candidate, task) → path, reward, cost.
+Each write is one transaction, so a crash mid-write leaves no half rows. `export_parquet` writes each
+table to Parquet for DVC and for scans with DuckDB/pyarrow.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from trinity.records import ChatMessage, ChatResponse, SamplingParams, stable_hash
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    key VARCHAR PRIMARY KEY,
+    model_id VARCHAR NOT NULL,
+    role VARCHAR,
+    messages VARCHAR NOT NULL,
+    sampling VARCHAR NOT NULL,
+    text VARCHAR NOT NULL,
+    ok BOOLEAN NOT NULL,
+    error VARCHAR,
+    prompt_tokens INTEGER,
+    completion_tokens INTEGER,
+    cost_usd DOUBLE,
+    latency_s DOUBLE,
+    created_at TIMESTAMP DEFAULT current_timestamp
+);
+CREATE TABLE IF NOT EXISTS states (
+    encoder_id VARCHAR NOT NULL,
+    key VARCHAR NOT NULL,
+    dim INTEGER NOT NULL,
+    vec BLOB NOT NULL,
+    PRIMARY KEY (encoder_id, key)
+);
+CREATE TABLE IF NOT EXISTS episodes (
+    run_id VARCHAR NOT NULL,
+    generation INTEGER NOT NULL,
+    candidate INTEGER NOT NULL,
+    task_id VARCHAR NOT NULL,
+    path VARCHAR NOT NULL,
+    reward DOUBLE NOT NULL,
+    correct DOUBLE NOT NULL,
+    cost_usd DOUBLE NOT NULL,
+    PRIMARY KEY (run_id, generation, candidate, task_id)
+);
+"""
+
+
+def response_key(model_id: str, messages: Sequence[ChatMessage], sampling: SamplingParams) -> str:
+    """The response-store key: what was asked of which model with which sampling settings."""
+    return stable_hash({"model": model_id, "messages": [[m.role, m.content] for m in messages],
+                        "sampling": sampling})
+
+
+def text_key(text: str) -> str:
+    return stable_hash(text)
+
+
+class Store:
+    """DuckDB-backed memo of responses, hidden states and episodes (see module doc)."""
+
+    def __init__(self, path: str | Path, read_only: bool = False):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.con = duckdb.connect(str(self.path), read_only=read_only)
+        except duckdb.IOException as e:
+            raise RuntimeError(
+                f"cannot open store {self.path}: {e}. DuckDB allows one writer process per file; "
+                "stop the other process or give this one its own store file") from None
+        if not read_only:
+            self.con.execute(_SCHEMA)
+        self._lock = threading.Lock()
+        self._responses: dict[str, ChatResponse] = {}
+        self._load_responses()
+
+    # ---------------------------------------------------------------- responses
+    def _load_responses(self) -> None:
+        rows = self.con.execute(
+            "SELECT key, text, ok, error, prompt_tokens, completion_tokens, cost_usd, latency_s, model_id "
+            "FROM responses").fetchall()
+        for k, text, ok, err, pt, ct, cost, lat, mid in rows:
+            self._responses[k] = ChatResponse(text=text, ok=ok, error=err, prompt_tokens=pt or 0,
+                                              completion_tokens=ct or 0, cost_usd=cost or 0.0,
+                                              latency_s=lat or 0.0, model=mid)
+
+    def get_response(self, key: str) -> ChatResponse | None:
+        return self._responses.get(key)
+
+    def put_response(self, key: str, model_id: str, role: str | None, messages: Sequence[ChatMessage],
+                     sampling: SamplingParams, resp: ChatResponse) -> None:
+        with self._lock:
+            self.con.execute(
+                "INSERT OR REPLACE INTO responses (key, model_id, role, messages, sampling, text, ok, error, "
+                "prompt_tokens, completion_tokens, cost_usd, latency_s) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                [key, model_id, role, json.dumps([[m.role, m.content] for m in messages]),
+                 json.dumps(sampling.__dict__), resp.text, resp.ok, resp.error, resp.prompt_tokens,
+                 resp.completion_tokens, resp.cost_usd, resp.latency_s])
+            self._responses[key] = resp
+
+    def response_count(self) -> int:
+        return len(self._responses)
+
+    # ---------------------------------------------------------------- states
+    def get_states(self, encoder_id: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        if not keys:
+            return {}
+        want = pa.table({"key": pa.array(list(dict.fromkeys(keys)), pa.string())})
+        with self._lock:
+            self.con.register("_want_keys", want)
+            try:
+                tbl = self.con.sql(
+                    "SELECT s.key, s.dim, s.vec FROM states s JOIN _want_keys w ON s.key = w.key "
+                    "WHERE s.encoder_id = ?", params=[encoder_id]).to_arrow_table()
+            finally:
+                self.con.unregister("_want_keys")
+        out = {}
+        for k, dim, vec in zip(tbl.column("key").to_pylist(), tbl.column("dim").to_pylist(),
+                               tbl.column("vec").to_pylist()):
+            out[k] = np.frombuffer(vec, dtype=np.float32, count=dim)
+        return out
+
+    def put_states(self, encoder_id: str, keys: Sequence[str], vectors: np.ndarray) -> None:
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or len(keys) != vectors.shape[0]:
+            raise ValueError(f"put_states: {len(keys)} keys for an array of shape {vectors.shape}")
+        if not len(keys):
+            return
+        dim = vectors.shape[1]
+        tbl = pa.table({
+            "encoder_id": pa.array([encoder_id] * len(keys), pa.string()),
+            "key": pa.array(list(keys), pa.string()),
+            "dim": pa.array(np.full(len(keys), dim, dtype=np.int32)),
+            "vec": pa.array([row.tobytes() for row in vectors], pa.binary()),
+        })
+        with self._lock:
+            self.con.register("_new_states", tbl)
+            try:
+                self.con.execute("BEGIN")
+                self.con.execute("INSERT OR REPLACE INTO states SELECT encoder_id, key, dim, vec FROM _new_states")
+                self.con.execute("COMMIT")
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+            finally:
+                self.con.unregister("_new_states")
+
+    def state_count(self, encoder_id: str | None = None) -> int:
+        if encoder_id is None:
+            return self.con.execute("SELECT count(*) FROM states").fetchone()[0]
+        return self.con.execute("SELECT count(*) FROM states WHERE encoder_id = ?", [encoder_id]).fetchone()[0]
+
+    # ---------------------------------------------------------------- episodes
+    def put_episodes(self, rows: Iterable[dict[str, Any]]) -> None:
+        rows = list(rows)
+        if not rows:
+            return
+        with self._lock:
+            self.con.execute("BEGIN")
+            try:
+                self.con.executemany(
+                    "INSERT OR REPLACE INTO episodes VALUES (?,?,?,?,?,?,?,?)",
+                    [[r["run_id"], r["generation"], r["candidate"], r["task_id"], json.dumps(r["path"]),
+                      r["reward"], r["correct"], r["cost_usd"]] for r in rows])
+                self.con.execute("COMMIT")
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+
+    # ---------------------------------------------------------------- export
+    def export_parquet(self, out_dir: str | Path, tables: Sequence[str] = ("responses", "states", "episodes")) -> dict[str, Path]:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        paths = {}
+        for t in tables:
+            p = out_dir / f"{t}.parquet"
+            tmp = p.with_suffix(".parquet.tmp")
+            self.con.execute(f"COPY (SELECT * FROM {t} ORDER BY ALL) TO '{tmp}' (FORMAT PARQUET)")
+            tmp.replace(p)
+            paths[t] = p
+        return paths
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

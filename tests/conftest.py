@@ -1,0 +1,15 @@
+"""Hermetic settings for every test: no telemetry, no hub, Prefect/W&B state in a temp dir."""
+import os
+import tempfile
+
+_tmp = tempfile.mkdtemp(prefix="trinity-test-")
+os.environ.setdefault("PREFECT_HOME", os.path.join(_tmp, "prefect"))
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+os.environ["DVC_NO_ANALYTICS"] = "1"
+os.environ["WANDB_MODE"] = "offline"
+os.environ.setdefault("WANDB_DIR", os.path.join(_tmp, "wandb"))
+os.environ["WANDB_SILENT"] = "true"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"

@@ -1,0 +1,88 @@
+import textwrap
+
+import pytest
+
+from trinity.config import ConfigError, load_settings, PROJECT_ROOT
+
+
+def write(tmp_path, text):
+    p = tmp_path / "params.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+MINIMAL_POOL = """
+pool:
+  members:
+    - {name: a, backend: local, model: smollm2-135m-instruct}
+"""
+
+
+def test_project_params_load():
+    s = load_settings(PROJECT_ROOT / "params.yaml")
+    assert len(s.pool.members) >= 2
+    assert s.evolve.sigma0 == pytest.approx(0.03)
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    p = write(tmp_path, MINIMAL_POOL + "evolve:\n  generatoins: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_settings(p)
+    assert str(p) in str(e.value) and "evolve.generatoins" in str(e.value) and "unknown key" in str(e.value)
+
+
+def test_wrong_type_names_key(tmp_path):
+    p = write(tmp_path, MINIMAL_POOL + "evolve:\n  sigma0: lots\n")
+    with pytest.raises(ConfigError) as e:
+        load_settings(p)
+    assert "evolve.sigma0" in str(e.value) and "'lots'" in str(e.value)
+
+
+def test_string_for_int_rejected(tmp_path):
+    p = write(tmp_path, MINIMAL_POOL + "evolve:\n  generations: '3'\n")
+    with pytest.raises(ConfigError, match="evolve.generations"):
+        load_settings(p)
+
+
+def test_unknown_backend_and_member_key(tmp_path):
+    p = write(tmp_path, """
+    pool:
+      members:
+        - {name: a, backend: grpc, model: x}
+        - {name: b, backend: local, model: x, colour: red}
+    """)
+    with pytest.raises(ConfigError) as e:
+        load_settings(p)
+    msg = str(e.value)
+    assert "pool.members.0.backend" in msg and "pool.members.1.colour" in msg
+
+
+def test_duplicate_member_names(tmp_path):
+    p = write(tmp_path, """
+    pool:
+      members:
+        - {name: a, backend: local, model: x}
+        - {name: a, backend: local, model: y}
+    """)
+    with pytest.raises(ConfigError, match="unique"):
+        load_settings(p)
+
+
+def test_int_accepted_for_float(tmp_path):
+    p = write(tmp_path, MINIMAL_POOL + "evolve:\n  sigma0: 1\nreward:\n  cost_weight: 0\n")
+    s = load_settings(p)
+    assert s.evolve.sigma0 == 1.0 and isinstance(s.reward.cost_weight, float)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "nope.yaml")
+    p = write(tmp_path, "pool: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_settings(p)
+
+
+def test_data_root_env_override(tmp_path, monkeypatch):
+    s = load_settings(write(tmp_path, MINIMAL_POOL))
+    monkeypatch.setenv("TRINITY_DATA_DIR", str(tmp_path))
+    assert s.data.resolved_root() == tmp_path

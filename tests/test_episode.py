@@ -1,0 +1,164 @@
+"""Episode control flow: role parsing, Thinker override, Verifier-first, ACCEPT stop, reward shaping,
+and that a population shares calls through the store. The pool member here is a scripted ChatModel
+(the protocol is what is under test); test_pool_local.py runs the same loop on real models."""
+import asyncio
+import hashlib
+
+import numpy as np
+import pytest
+
+from trinity.config import PoolMember, RewardSettings
+from trinity.coordinator.episode import Episode, StateCache, model_pick_entropy, play_episodes, shaped_reward
+from trinity.coordinator.head import HeadShape, route_probs
+from trinity.coordinator.roles import Role, coordinator_text, parse_thinker, parse_verdict, role_messages
+from trinity.pool.runtime import Pool
+from trinity.records import ChatResponse, Task
+from trinity.store import Store
+
+TASK = Task(id="t/1", source="gsm8k", prompt=("What is 2+3?",), grader="math", answer="5")
+
+
+class ScriptedModel:
+    def __init__(self, name, replies):
+        self.name, self.model_id, self.replies, self.calls = name, f"scripted:{name}", replies, 0
+
+    async def chat(self, messages, sampling):
+        self.calls += 1
+        text = messages[-1].content
+        role = "verifier" if "ACCEPT or REJECT" in text else "thinker" if "<suggestion>" in text else "worker"
+        return ChatResponse(text=self.replies[role], model=self.model_id, prompt_tokens=10, completion_tokens=5)
+
+
+class HashEncoder:
+    encoder_id, dim = "hash-encoder", 8
+
+    def encode(self, texts):
+        out = []
+        for t in texts:
+            b = hashlib.sha256(t.encode()).digest()
+            out.append(np.frombuffer(b, dtype=np.uint8)[:8].astype(np.float32) / 255 - 0.5)
+        return np.stack(out)
+
+
+def grade(task, text):
+    return 1.0 if "\\boxed{5}" in text else 0.0
+
+
+def make_pool(store, verdict="ACCEPT", suggested="worker"):
+    replies = {"worker": "2+3=5 so \\boxed{5}", "verifier": f"{verdict}. fine",
+               "thinker": f"<suggestion>add</suggestion><suggested_role>{suggested}</suggested_role>"}
+    models = [ScriptedModel("a", replies), ScriptedModel("b", replies)]
+    settings = [PoolMember(name=m.name, backend="local", model="x") for m in models]
+    return Pool(models, settings, store), models
+
+
+def head_forcing(model: int, role: int, dim=8, n_models=2):
+    """A head whose logits ignore h except through a constant-sign feature: use a huge bias-like weight."""
+    W = np.zeros((n_models + 3, dim))
+    return W, (model, role)
+
+
+def test_parsers():
+    assert parse_verdict("ACCEPT - looks right") == "ACCEPT"
+    assert parse_verdict("**REJECT** wrong") == "REJECT"
+    assert parse_verdict("I think we should accept this") == "ACCEPT"
+    assert parse_verdict("Should we accept? No, reject.") == "REJECT"
+    assert parse_verdict("hmm") == "REJECT"
+    s, r = parse_thinker("<suggestion>check units</suggestion>\n<suggested_role>verifier</suggested_role>")
+    assert s == "check units" and r is Role.VERIFIER
+    assert parse_thinker("no tags")[1] is None
+
+
+def test_prompts_carry_context():
+    from trinity.coordinator.roles import Turn
+    turns = (Turn("a", Role.WORKER, "answer one"), Turn("b", Role.THINKER, "x", suggestion="try harder"))
+    w = role_messages(Role.WORKER, TASK, turns)[-1].content
+    assert "answer one" in w and "try harder" in w and "\\boxed" in w
+    v = role_messages(Role.VERIFIER, TASK, turns)[-1].content
+    assert "answer one" in v and "ACCEPT or REJECT" in v
+    assert coordinator_text(TASK, turns).startswith("system: ") and "worker: answer one" in coordinator_text(TASK, turns)
+
+
+def test_head_shape_and_probs():
+    shape = HeadShape(n_models=7, dim=1024)
+    assert shape.n_params == 10240
+    with pytest.raises(ValueError, match="10240"):
+        shape.unflatten(np.zeros(5))
+    pm, pr = route_probs(np.zeros((10, 1024)), np.ones(1024), 7)
+    np.testing.assert_allclose(pm, 1 / 7)
+    np.testing.assert_allclose(pr, 1 / 3)
+
+
+def _W(model, role, sign, dim=8):
+    """Head that argmax-picks (model, role) for any h whose first coordinate has sign `sign`."""
+    W = np.zeros((5, dim))
+    W[model, 0] = 100 * sign
+    W[2 + role, 0] = 100 * sign
+    return W
+
+
+def _run(eps, heads, pool, store, max_turns=3, reward=RewardSettings()):
+    asyncio.run(play_episodes(eps, heads, pool, StateCache(HashEncoder(), store), max_turns, reward, grade))
+
+
+def test_verifier_first_scores_zero(tmp_path):
+    with Store(tmp_path / "s.duckdb") as store:
+        pool, models = make_pool(store)
+        enc = HashEncoder()
+        sign = np.sign(enc.encode([coordinator_text(TASK, ())])[0][0])
+        ep = Episode(task=TASK, candidate=0, rng=None)
+        _run([ep], [_W(0, 2, sign)], pool, store)
+        assert ep.verifier_first and ep.done and ep.reward == 0.0 and ep.turns == ()
+        assert sum(m.calls for m in models) == 0
+
+
+def test_thinker_suggested_role_overrides_and_accept_stops(tmp_path):
+    with Store(tmp_path / "s.duckdb") as store:
+        pool, models = make_pool(store, verdict="ACCEPT", suggested="worker")
+        # always Thinker by the head; the Thinker's suggested_role forces a Worker on the next turn
+        eps = []
+        for sgn in (1, -1):
+            W = _W(1, 0, sgn)
+            eps.append((Episode(task=TASK, candidate=0, rng=None), W))
+        for ep, W in eps:
+            _run([ep], [W], pool, store, max_turns=3)
+        roles = [[t.role for t in ep.turns] for ep, _ in eps]
+        # whichever sign matches the root state, the head said thinker first; the override made a worker follow
+        assert any(r[:2] == [Role.THINKER, Role.WORKER] for r in roles)
+
+
+def test_reward_shaping():
+    from trinity.coordinator.roles import Turn
+    ep = Episode(task=TASK, candidate=0, rng=None)
+    ep.turns = (Turn("a", Role.WORKER, "x"), Turn("b", Role.VERIFIER, "ACCEPT", verdict="ACCEPT"))
+    ep.picks = [(0, Role.WORKER), (1, Role.VERIFIER)]
+    ep.correct = 1.0
+    r = shaped_reward(ep, max_turns=5, w=RewardSettings(diversity_weight=0.15, turn_penalty_weight=0.1, cost_weight=0.0))
+    assert r == pytest.approx(1.0 + 0.15 * np.log(2) - 0.1 * (1 / 5) / 4)
+    assert model_pick_entropy([(0, Role.WORKER)] * 3) == 0.0
+    ep.cost_usd = 2.0
+    assert shaped_reward(ep, 5, RewardSettings(cost_weight=0.5)) == pytest.approx(r - 1.0)
+
+
+def test_population_shares_calls_and_rerun_is_free(tmp_path):
+    rng = np.random.default_rng(0)
+    heads = [rng.standard_normal((5, 8)) * 3 for _ in range(12)]
+    tasks = [TASK, Task(id="t/2", source="gsm8k", prompt=("What is 1+4?",), grader="math", answer="5")]
+
+    def play(store):
+        pool, models = make_pool(store, verdict="REJECT")
+        eps = [Episode(task=t, candidate=c, rng=np.random.default_rng([c, i])) for c in range(12)
+               for i, t in enumerate(tasks)]
+        _run(eps, heads, pool, store, max_turns=3)
+        return eps, pool, sum(m.calls for m in models)
+
+    with Store(tmp_path / "s.duckdb") as store:
+        eps1, pool1, calls1 = play(store)
+    played_turns = sum(len(e.turns) for e in eps1)
+    assert 0 < calls1 < played_turns  # shared prefixes cost one call
+    assert calls1 == pool1.stats.calls_made
+    with Store(tmp_path / "s.duckdb") as store:
+        eps2, pool2, calls2 = play(store)
+    assert calls2 == 0 and pool2.stats.calls_made == 0
+    assert [e.reward for e in eps1] == [e.reward for e in eps2]
+    assert [e.path for e in eps1] == [e.path for e in eps2]
