@@ -1,7 +1,8 @@
 """Prefect flow for the 'encode' stage (`dvc repro` runs `python flows/encode.py`)."""
-import _bootstrap  # noqa: F401  (hermetic defaults before prefect is imported)
+from _bootstrap import ROOT  # hermetic defaults before prefect is imported
 
 import argparse
+import os
 
 from prefect import flow
 
@@ -12,9 +13,9 @@ from trinity.tracking import StageRun
 
 @flow(name="trinity-encode", log_prints=True)
 def encode_flow(params: str = "params.yaml") -> dict:
-    settings = load_settings(params)
-    with StageRun(settings, "encode") as run:
-        out = stages.encode(settings)
+    settings = load_settings(params if os.path.isabs(params) else ROOT / params)
+    with StageRun(settings, "encode", root=ROOT) as run:
+        out = stages.encode(settings, stages.Paths(ROOT))
         run.summary(out)
     print(f"[encode] {out}")
     return out

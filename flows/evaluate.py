@@ -1,7 +1,8 @@
 """Prefect flow for the 'evaluate' stage (`dvc repro` runs `python flows/evaluate.py`)."""
-import _bootstrap  # noqa: F401  (hermetic defaults before prefect is imported)
+from _bootstrap import ROOT  # hermetic defaults before prefect is imported
 
 import argparse
+import os
 
 from prefect import flow
 
@@ -12,9 +13,9 @@ from trinity.tracking import StageRun
 
 @flow(name="trinity-evaluate", log_prints=True)
 def evaluate_flow(params: str = "params.yaml") -> dict:
-    settings = load_settings(params)
-    with StageRun(settings, "evaluate") as run:
-        out = stages.evaluate(settings, tracker=run)
+    settings = load_settings(params if os.path.isabs(params) else ROOT / params)
+    with StageRun(settings, "evaluate", root=ROOT) as run:
+        out = stages.evaluate(settings, stages.Paths(ROOT), tracker=run)
         run.summary(out)
     print(f"[evaluate] {out}")
     return out

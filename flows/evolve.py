@@ -1,7 +1,8 @@
 """Prefect flow for the 'evolve' stage (`dvc repro` runs `python flows/evolve.py`)."""
-import _bootstrap  # noqa: F401  (hermetic defaults before prefect is imported)
+from _bootstrap import ROOT  # hermetic defaults before prefect is imported
 
 import argparse
+import os
 
 from prefect import flow
 
@@ -12,9 +13,9 @@ from trinity.tracking import StageRun
 
 @flow(name="trinity-evolve", log_prints=True)
 def evolve_flow(params: str = "params.yaml") -> dict:
-    settings = load_settings(params)
-    with StageRun(settings, "evolve") as run:
-        out = stages.evolve(settings, tracker=run)
+    settings = load_settings(params if os.path.isabs(params) else ROOT / params)
+    with StageRun(settings, "evolve", root=ROOT) as run:
+        out = stages.evolve(settings, stages.Paths(ROOT), tracker=run)
         run.summary(out)
     print(f"[evolve] {out}")
     return out

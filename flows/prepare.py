@@ -1,7 +1,8 @@
 """Prefect flow for the 'prepare' stage (`dvc repro` runs `python flows/prepare.py`)."""
-import _bootstrap  # noqa: F401  (hermetic defaults before prefect is imported)
+from _bootstrap import ROOT  # hermetic defaults before prefect is imported
 
 import argparse
+import os
 
 from prefect import flow
 
@@ -12,9 +13,9 @@ from trinity.tracking import StageRun
 
 @flow(name="trinity-prepare", log_prints=True)
 def prepare_flow(params: str = "params.yaml") -> dict:
-    settings = load_settings(params)
-    with StageRun(settings, "prepare") as run:
-        out = stages.prepare(settings)
+    settings = load_settings(params if os.path.isabs(params) else ROOT / params)
+    with StageRun(settings, "prepare", root=ROOT) as run:
+        out = stages.prepare(settings, stages.Paths(ROOT))
         run.summary(out)
     print(f"[prepare] {out}")
     return out

@@ -1,7 +1,8 @@
 """Prefect flow for the 'report' stage (`dvc repro` runs `python flows/report.py`)."""
-import _bootstrap  # noqa: F401  (hermetic defaults before prefect is imported)
+from _bootstrap import ROOT  # hermetic defaults before prefect is imported
 
 import argparse
+import os
 
 from prefect import flow
 
@@ -12,9 +13,9 @@ from trinity.tracking import StageRun
 
 @flow(name="trinity-report", log_prints=True)
 def report_flow(params: str = "params.yaml") -> dict:
-    settings = load_settings(params)
-    with StageRun(settings, "report") as run:
-        out = {"report": str(stages.report(settings))}
+    settings = load_settings(params if os.path.isabs(params) else ROOT / params)
+    with StageRun(settings, "report", root=ROOT) as run:
+        out = {"report": str(stages.report(settings, stages.Paths(ROOT)))}
         run.summary(out)
     print(f"[report] {out}")
     return out

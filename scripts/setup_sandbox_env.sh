@@ -97,7 +97,7 @@ mkdir -p "$(dirname "$VENV")"
 "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade "pip==24.0" "setuptools<70" wheel
 # The project's pip constraints (if any) are about the project's venv, not this one.
-PIP_CONSTRAINT= "$VENV/bin/python" -m pip install --quiet --only-binary=:all: "${PINS[@]}"
+PIP_CONSTRAINT= "$VENV/bin/python" -m pip install --quiet --prefer-binary "${PINS[@]}"
 "$VENV/bin/python" -c 'import numpy, pandas, matplotlib, sklearn, scipy, tensorflow; print("setup_sandbox_env: imports ok")'
 # The venv is read by an unprivileged uid inside the sandbox.
 chmod -R a+rX "$VENV"

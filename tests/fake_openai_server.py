@@ -35,7 +35,7 @@ import json
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -47,6 +47,7 @@ class RequestRecord:
     mode: str = ""
     model: str = ""
     authorization: str = ""
+    answered: bool = False
     retry_after_until: float | None = None
     """For 429 modes: the earliest time (time.time()) a well-behaved client may send its next request."""
 
@@ -166,7 +167,12 @@ class FakeOpenAIServer:
         return rec, mode
 
     def _end(self, rec: RequestRecord) -> None:
+        """Called just before the answer's bytes go out (so a client that reacts to the answer by sending
+        its next request can never be counted as overlapping this one), or when the handler exits."""
         with self._lock:
+            if rec.answered:
+                return
+            rec.answered = True
             self.in_flight -= 1
             rec.t_end = time.time()
 
@@ -184,6 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
     fake: FakeOpenAIServer
     protocol_version = "HTTP/1.1"  # keep-alive, like real endpoints
     disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms Nagle stall
+    _rec: RequestRecord | None = None  # the request being answered on this connection
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass  # quiet: tests capture logs and must see only the client's
@@ -209,16 +216,18 @@ class _Handler(BaseHTTPRequestHandler):
         model = str(body.get("model") or "")
         rec, mode = self.fake._begin(self.headers.get("X-Fake-Mode"), model,
                                      self.headers.get("Authorization") or "")
+        self._rec = rec
         try:
             if not self.path.rstrip("/").endswith("/chat/completions"):
                 self._json(404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}})
                 return
             self.fake._sleep(self.fake.latency_s)
             self._serve(mode, body, rec)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (timeout): nothing to answer
+        except OSError:
+            pass  # the client gave up (timeout) or the server is stopping: nobody to answer
         finally:
             self.fake._end(rec)
+            self._rec = None
 
     # -- modes ------------------------------------------------------------------------------------
     def _serve(self, mode: str, body: dict[str, Any], rec: RequestRecord) -> None:
@@ -251,7 +260,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.fake._sleep(float(arg) if arg else self.fake.hang_s)
             self._ok(body, messages)
         elif name == "truncated":
-            full = json.dumps(_completion(body, messages, *usage_for(messages, reply_for(messages)), reply_for(messages)))
+            text = reply_for(messages)
+            full = json.dumps(_completion(body, messages, *usage_for(messages, text), text))
             self._raw(200, full[: len(full) // 2].encode())
         elif name == "empty_choices":
             payload = _completion(body, messages, 3, 0, "")
@@ -266,6 +276,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, payload)
         elif name == "drop":
             data = json.dumps(_completion(body, messages, 1, 1, reply_for(messages))).encode()
+            self.fake._end(rec)
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -290,6 +301,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._raw(status, json.dumps(payload).encode(), headers)
 
     def _raw(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
+        if self._rec is not None:
+            self.fake._end(self._rec)
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

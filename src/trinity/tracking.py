@@ -15,12 +15,13 @@ from trinity.tracking_redact import redact, register_pool
 class StageRun:
     """A thin wrapper over a wandb run: log metrics, tables and a summary, all redacted."""
 
-    def __init__(self, settings: Settings, stage: str, config: dict[str, Any] | None = None):
+    def __init__(self, settings: Settings, stage: str, config: dict[str, Any] | None = None,
+                 root: Path = PROJECT_ROOT):
         import wandb
 
         register_pool(settings.pool)
         mode = os.environ.get("WANDB_MODE") or settings.tracking.wandb_mode
-        wandb_dir = Path(os.environ.get("WANDB_DIR") or PROJECT_ROOT / "data" / "wandb")
+        wandb_dir = Path(os.environ.get("WANDB_DIR") or root / "data" / "wandb")
         wandb_dir.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("WANDB_SILENT", "true")
         self._wandb = wandb

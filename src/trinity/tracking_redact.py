@@ -10,7 +10,7 @@
   * anything shaped like a common API key or bearer token (sk-..., sk-ant-..., AIza..., hf_...,
     gsk_..., ghp_..., AKIA..., "Bearer <token>") becomes `[REDACTED]`;
   * dict entries whose *key* names a credential (api_key, authorization, password, secret, token...)
-    get their whole value replaced.
+    get their whole value replaced when it is a string.
 
 Strings, mappings, lists/tuples/sets, dataclasses (returned as the same type via `replace`) and
 pydantic models (via `model_copy`) are walked recursively; other objects are returned unchanged.
@@ -129,7 +129,7 @@ def _walk(obj: Any, secrets: list[tuple[str, str]], depth: int) -> Any:
         out = {}
         for k, v in obj.items():
             key = _walk(k, secrets, depth + 1) if isinstance(k, str) else k
-            if isinstance(k, str) and _CREDENTIAL_FIELD.match(k) and v not in (None, ""):
+            if isinstance(k, str) and _CREDENTIAL_FIELD.match(k) and isinstance(v, (str, bytes)) and v:
                 out[key] = REDACTED
             else:
                 out[key] = _walk(v, secrets, depth + 1)

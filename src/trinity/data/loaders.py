@@ -33,6 +33,7 @@ import io
 import json
 import os
 import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -521,7 +522,7 @@ def load_humaneval(root: PathLike) -> list[Task]:
         )
         tasks.append(
             Task(
-                id=f"humaneval/{tid.split('/')[-1]}",
+                id=f"humaneval/{tid}",
                 source="humaneval",
                 prompt=(prompt,),
                 grader="code",
@@ -541,11 +542,18 @@ def load_humaneval(root: PathLike) -> list[Task]:
 MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
 
 
+def _quiet_parse(code: str) -> ast.Module:
+    """ast.parse without the DeprecationWarnings MBPP's old escape sequences ('\\d' in plain strings) raise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(code)
+
+
 def _called_names(asserts: list[str]) -> list[str]:
     names = []
     for a in asserts:
         try:
-            tree = ast.parse(a)
+            tree = _quiet_parse(a)
         except SyntaxError:
             continue
         names += [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
@@ -556,7 +564,7 @@ def _mbpp_entry_point(code: str, asserts: list[str]) -> str | None:
     """The function the asserts exercise: the first top-level def of the reference that they call."""
     called = set(_called_names(asserts))
     try:
-        defs = [n.name for n in ast.parse(code).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        defs = [n.name for n in _quiet_parse(code).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
     except SyntaxError:
         return None
     return next((d for d in defs if d in called), None)

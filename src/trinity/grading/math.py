@@ -16,11 +16,15 @@ there the comparison runs in a helper process that is killed when it overruns.
 """
 from __future__ import annotations
 
-import multiprocessing
+import atexit
+import json
+import os
 import re
+import select
+import subprocess
+import sys
 import threading
 from fractions import Fraction
-from typing import Any
 
 from trinity.records import Task
 
@@ -54,19 +58,19 @@ def _balanced(text: str, start: int) -> str | None:
     return None
 
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*(\{|\s+[^\s$]+)")
+_BOXED = re.compile(r"\\(?:boxed|fbox)(?:\s*(?P<brace>\{)|\s+(?P<bare>[^\s${}]+))")
 
 
 def last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} / \\fbox{...} (balanced braces; also "\\boxed 5")."""
     found = None
     for m in _BOXED.finditer(text):
-        if m.group(1) == "{":
-            inner = _balanced(text, m.start(1))
+        if m.group("brace"):
+            inner = _balanced(text, m.start("brace"))
             if inner is not None:
                 found = inner
         else:
-            found = m.group(1).strip()
+            found = m.group("bare").strip()
     return found
 
 
@@ -85,6 +89,8 @@ def _clean_span(s: str) -> str:
             if j > 0:
                 s = s[len(a): j]
                 break
+    else:
+        s = re.split(r"\.\s", s, maxsplit=1)[0]  # "5. Next we check" → "5"
     s = s.strip()
     s = re.sub(r"[\s.;,!*]+$", "", s)  # trailing sentence punctuation
     return s.strip()
@@ -115,14 +121,17 @@ def extract_final_answer(text: str | None) -> str | None:
 _UNITS = re.compile(r"\s*(?:\\(?:text|mbox|mathrm)\{[^{}]*\}|[a-zA-Z ]+)$")
 
 
-def as_number(s: str) -> Fraction | None:
-    """A plain number ("1,234.50", "$18", "-3/4", "45%", "073", "12 dollars") as a Fraction, else None."""
+def as_number(s: str, allow_units: bool = False) -> Fraction | None:
+    """A plain number ("1,234.50", "$18", "-3/4", "\\frac{3}{4}", "45%", "073") as a Fraction, else None.
+    `allow_units` also drops trailing words ("12 dollars", "5 \\text{cm}") — only for answers known to be
+    numbers (GSM8K, AIME), since in general LaTeX "5x" is not 5."""
     s = s.strip()
-    s = re.sub(r"\\[!,;: ]|\\\$|\\%|\$|\\left|\\right|\{,\}", "", s).replace("\u2212", "-").strip()
-    s = _UNITS.sub("", s).strip().rstrip("%").strip()
-    if re.fullmatch(r"\(?\s*-?\d{1,3}(,\d{3})+(\.\d+)?\s*\)?", s) or re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
+    s = re.sub(r"\\[!,;: ]|\\\$|\\%|\$|\{,\}", "", s).replace("\u2212", "-").strip()
+    if allow_units:
+        s = _UNITS.sub("", s).strip()
+    s = s.rstrip("%").strip()
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
         s = s.replace(",", "")
-    s = s.strip("() ")
     if len(s) > 100:
         return None
     m = re.fullmatch(r"(-?)(\d+(?:\.\d*)?|\.\d+)(?:\s*/\s*(\d+))?", s)
@@ -157,59 +166,69 @@ def _math_verify_equal(gold: str, pred: str, timeout_s: int | None) -> bool:
     return False
 
 
-def _worker_main(conn) -> None:  # runs in the helper process's main thread, where signal.alarm works
-    while True:
+def _serve() -> None:
+    """Helper-process loop: one JSON request per stdin line → one JSON bool per stdout line. It runs in
+    that process's main thread, so math-verify's signal-based timeouts work there."""
+    for line in sys.stdin:
         try:
-            gold, pred, timeout_s = conn.recv()
-        except EOFError:
-            return
-        try:
-            ok = _math_verify_equal(gold, pred, timeout_s)
+            req = json.loads(line)
+            ok = _math_verify_equal(req["gold"], req["pred"], req["timeout_s"])
         except Exception:
             ok = False
-        conn.send(ok)
+        sys.stdout.write(json.dumps(bool(ok)) + "\n")
+        sys.stdout.flush()
 
 
 class _VerifyProcess:
-    """One helper process for math-verify calls made off the main thread; killed and restarted on overrun."""
+    """A helper process for math-verify calls made off the main thread, killed and restarted when a call
+    overruns. A plain subprocess (not multiprocessing), so callers need no `if __name__ == "__main__"` guard."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._proc: Any = None
-        self._conn: Any = None
+        self._proc: subprocess.Popen | None = None
 
     def _start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")  # never fork a threaded process
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="trinity-math-verify")
-        proc.start()
-        child.close()
-        self._proc, self._conn = proc, parent
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "from trinity.grading.math import _serve; _serve()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        )
 
-    def _stop(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.join(timeout=5)
-            self._conn.close()
-        self._proc = self._conn = None
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait(timeout=5)
+            for f in (proc.stdin, proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
 
     def equal(self, gold: str, pred: str, timeout_s: int, hard_timeout_s: float) -> bool:
         with self._lock:
-            if self._proc is None or not self._proc.is_alive():
-                self._stop()
+            if self._proc is None or self._proc.poll() is not None:
+                self.stop()
                 self._start()
+            proc = self._proc
             try:
-                self._conn.send((gold, pred, timeout_s))
-                # The first call also pays for the process start and the sympy import.
-                if self._conn.poll(hard_timeout_s):
-                    return bool(self._conn.recv())
-            except (EOFError, OSError, BrokenPipeError):
+                proc.stdin.write(json.dumps({"gold": gold, "pred": pred, "timeout_s": timeout_s}) + "\n")
+                proc.stdin.flush()
+                # The first call also pays for the interpreter start and the sympy import.
+                ready, _, _ = select.select([proc.stdout], [], [], hard_timeout_s)
+                if ready:
+                    line = proc.stdout.readline()
+                    if line:
+                        return json.loads(line) is True
+            except (OSError, ValueError):
                 pass
-            self._stop()
+            self.stop()  # overran or died: never leave a half-answered request in the pipe
             return False
 
 
 _VERIFY_PROCESS = _VerifyProcess()
+atexit.register(_VERIFY_PROCESS.stop)
 
 
 def math_equal(gold: str, pred: str, answer_type: str = "latex", timeout_s: int = DEFAULT_TIMEOUT_S) -> bool:
@@ -217,7 +236,12 @@ def math_equal(gold: str, pred: str, answer_type: str = "latex", timeout_s: int 
     pred = pred.strip()
     if not pred or len(pred) > MAX_ANSWER_CHARS:
         return False
-    g_num, p_num = as_number(gold), as_number(pred)
+    numeric = answer_type in ("integer", "number")
+    if numeric and as_number(pred, allow_units=True) is None and "\\" not in pred:
+        numbers = _NUMBER.findall(pred)  # "she makes 18 dollars a day" → 18
+        if numbers:
+            pred = numbers[-1].replace("$", "").replace(" ", "")
+    g_num, p_num = as_number(gold, numeric), as_number(pred, numeric)
     if answer_type == "integer":
         if g_num is not None and p_num is not None:
             return p_num.denominator == 1 and p_num == g_num

@@ -1,0 +1,36 @@
+"""Grading: `grade(task, answer_text) -> float` dispatches on task.grader.
+
+math and choice are here; code (sandboxed execution) lives in `trinity.grading.code` and the MT-Bench
+LLM judge in `trinity.grading.judge`; both are imported only when a task needs them.
+"""
+from __future__ import annotations
+
+from trinity.records import Task
+
+
+def grade(task: Task, answer_text: str | None) -> float:
+    """Score one answer for one task: 1.0 / 0.0 for math and choice, the code grader's score for code."""
+    if task.grader == "math":
+        from trinity.grading.math import grade_math
+
+        return grade_math(task, answer_text)
+    if task.grader == "choice":
+        from trinity.grading.choice import grade_choice
+
+        return grade_choice(task, answer_text)
+    if task.grader == "code":
+        try:
+            from trinity.grading.code import grade_code
+        except ModuleNotFoundError as e:
+            if e.name != "trinity.grading.code":
+                raise
+            raise NotImplementedError("code grading needs trinity.grading.code, which is not installed yet") from None
+        return float(grade_code(task, answer_text))
+    if task.grader == "judge":
+        raise NotImplementedError(
+            f"task {task.id}: MT-Bench judging (trinity.grading.judge) is not implemented yet"
+        )
+    raise ValueError(f"task {task.id}: unknown grader {task.grader!r}")
+
+
+__all__ = ["grade"]

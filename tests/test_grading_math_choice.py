@@ -1,0 +1,202 @@
+"""Math (math-verify) and multiple-choice graders: right and wrong answers, real references, timeouts."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trinity.data import load_aime, load_gpqa, load_gsm8k, load_math500, load_mmlu
+from trinity.grading import grade
+from trinity.grading.choice import extract_choice, grade_choice
+from trinity.grading.math import _VERIFY_PROCESS, as_number, extract_final_answer, grade_math, math_equal
+from trinity.records import Task
+
+PROJECT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("TRINITY_DATA_DIR") or PROJECT / ".." / "shared" / "benchmarks").resolve()
+
+
+@pytest.fixture(scope="module")
+def root() -> Path:
+    if not (DATA / "SOURCES.md").is_file():
+        pytest.fail(f"benchmark data not found at {DATA}; set TRINITY_DATA_DIR")
+    return DATA
+
+
+def _task(answer: str, answer_type: str) -> Task:
+    return Task(id="t/1", source="t", prompt=("q",), grader="math", answer=answer, metadata={"answer_type": answer_type})
+
+
+# ----------------------------------------------------------------------------------------- math
+
+MATH_CASES = [
+    # (reference, answer_type, reply, expected)
+    ("73", "integer", "The answer is \\boxed{073}.", 1.0),
+    ("73", "integer", "... so we get 73", 1.0),
+    ("73", "integer", "Final answer: 073", 1.0),
+    ("73", "integer", "\\boxed{73.0}", 1.0),
+    ("73", "integer", "\\boxed{74}", 0.0),
+    ("73", "integer", "\\boxed{73.5}", 0.0),
+    ("73", "integer", "I could not solve it.", 0.0),
+    ("1234", "number", "She earns $1,234 in total.\n#### 1,234", 1.0),
+    ("18", "number", "The answer is $18.00", 1.0),
+    ("18", "number", "The answer is 18 dollars per day.", 1.0),
+    ("18", "number", "She makes 18 dollars. Answer: 19", 0.0),
+    ("-3", "number", "The answer is \u22123.", 1.0),
+    ("0.5", "number", "answer: 1/2", 1.0),
+    ("\\frac{14}{3}", "latex", "Thus $\\boxed{\\dfrac{14}{3}}$.", 1.0),
+    ("\\frac{14}{3}", "latex", "\\boxed{4.67}", 0.0),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "latex", "so $\\boxed{(3, \\pi/2)}$", 1.0),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "latex", "\\boxed{(3, \\pi)}", 0.0),
+    ("3\\sqrt{13}", "latex", "\\boxed{\\sqrt{117}}", 1.0),
+    ("3\\sqrt{13}", "latex", "The final answer is $3\\sqrt{13}$.", 1.0),
+    ("3\\sqrt{13}", "latex", "\\boxed{3\\sqrt{12}}", 0.0),
+    ("\\text{Evelyn}", "latex", "\\boxed{\\text{Evelyn}}", 1.0),
+    ("\\text{Evelyn}", "latex", "\\boxed{\\text{Bob}}", 0.0),
+    ("x^5 - x^4 + x^3 - x^2 + x - 1", "latex", "\\boxed{x^5-x^4+x^3-x^2+x-1}", 1.0),
+    ("1,-2", "latex", "The roots are \\boxed{-2, 1}", 1.0),
+    ("5", "latex", "\\boxed{5x}", 0.0),
+    ("5", "latex", "The answer is 5. Next we double-check it.", 1.0),
+    ("5", "latex", "Answer: x = 5", 1.0),
+    ("5", "latex", "<think>maybe \\boxed{4}</think>The answer is \\boxed{5}", 1.0),
+    ("5", "latex", "", 0.0),
+]
+
+
+@pytest.mark.parametrize("gold,kind,reply,want", MATH_CASES)
+def test_grade_math_cases(gold, kind, reply, want):
+    assert grade_math(_task(gold, kind), reply) == want
+
+
+def test_extraction_and_numbers():
+    assert extract_final_answer("x \\boxed{\\frac{1}{2}} then \\boxed{\\sqrt{2}}") == "\\sqrt{2}"
+    assert extract_final_answer("\\boxed 5") == "5"
+    assert extract_final_answer("The answer is: **$\\frac{3}{4}$**.") == "\\frac{3}{4}"
+    assert extract_final_answer("1, then 2, finally 3,000 apples") == "3,000"
+    assert extract_final_answer("no digits here") is None
+    assert as_number("$1,234.50") * 2 == 2469
+    assert as_number("\\frac{3}{4}") == as_number("0.75") == as_number("3/4")
+    assert as_number("5x") is None and as_number("12 dollars", allow_units=True) == 12
+    assert not math_equal("1", "x" * 5000)  # absurdly long answers are wrong, not parsed
+
+
+def test_math500_references_grade_as_correct(root):
+    tasks = load_math500(root)
+    assert all(grade(t, f"So the final answer is $\\boxed{{{t.answer}}}$.") == 1.0 for t in tasks)
+    numeric = [t for t in tasks if as_number(t.answer) is not None]
+    assert len(numeric) > 250
+    assert all(grade(t, f"\\boxed{{{as_number(t.answer) + 1}}}") == 0.0 for t in numeric)
+
+
+def test_gsm8k_reference_solutions_grade_as_correct(root):
+    tasks = load_gsm8k(root)
+    path = root / "gsm8k/openai_grade-school-math/test.jsonl"
+    solutions = [json.loads(line)["answer"] for line in open(path, encoding="utf-8") if line.strip()]
+    assert all(grade(t, s) == 1.0 for t, s in zip(tasks, solutions))
+    assert all(grade(t, s.rsplit("####", 1)[0] + f"#### {int(t.answer) + 1}") == 0.0 for t, s in zip(tasks, solutions))
+
+
+def test_aime_integer_normalisation(root):
+    tasks = load_aime(root)
+    assert all(grade(t, f"The answer is $\\boxed{{{int(t.answer):03d}}}$") == 1.0 for t in tasks)
+    assert all(grade(t, f"\\boxed{{{(int(t.answer) + 1) % 1000}}}") == 0.0 for t in tasks)
+
+
+ADVERSARIAL = "\\boxed{10^{10^{10}}}"
+
+
+def test_adversarial_input_is_bounded_in_main_thread():
+    t0 = time.monotonic()
+    assert grade_math(_task("5", "latex"), ADVERSARIAL, timeout_s=1) == 0.0
+    assert time.monotonic() - t0 < 10
+
+
+def test_grading_off_the_main_thread_uses_a_helper_process():
+    results: dict[str, object] = {}
+
+    def work():
+        results["right"] = grade_math(_task("3\\sqrt{13}", "latex"), "\\boxed{\\sqrt{117}}")
+        t0 = time.monotonic()
+        results["adversarial"] = grade_math(_task("5", "latex"), ADVERSARIAL, timeout_s=1)
+        results["adversarial_s"] = time.monotonic() - t0
+        # a call that overruns the hard limit is killed, and the next call gets a fresh helper
+        results["killed"] = _VERIFY_PROCESS.equal("5", "10^{10^{10}}", timeout_s=30, hard_timeout_s=1.0)
+        results["after"] = grade_math(_task("3\\sqrt{13}", "latex"), "\\boxed{\\sqrt{117}}")
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join(timeout=120)
+    assert not th.is_alive()
+    assert results["right"] == 1.0 and results["adversarial"] == 0.0 and results["adversarial_s"] < 10
+    assert results["killed"] is False and results["after"] == 1.0
+
+
+# ----------------------------------------------------------------------------------------- choice
+
+CHOICE_CASES = [
+    ("Answer: B", "B"),
+    ("(B)", "B"),
+    ("**B**", "B"),
+    ("The answer is B.", "B"),
+    ("B) 10^-4 eV", "B"),
+    ("\\boxed{B}", "B"),
+    ("$\\boxed{\\text{C}}$", "C"),
+    ("B", "B"),
+    (" b ", None),
+    ("Final answer: **D**", "D"),
+    ("**Answer:** C", "C"),
+    ("The correct answer is: (A) 5 eV", "A"),
+    ("Option C is correct.", "C"),
+    ("I would choose D.", "D"),
+    ("A is a vector space, so... Answer: D", "D"),
+    ("The answer is not A; the answer is B", "B"),
+    ("A) is wrong since ... C) fails ... so the answer is B.", "B"),
+    ("Let's check each.\nA) foo\nB) bar\nC) baz\nD) qux", None),
+    ("A) foo\nB) bar\nC) baz\nD) qux\n\n**C**", "C"),
+    ("Step 1 ... Step 2 ...\n\nD", "D"),
+    ("<think>It could be (A)</think>\nAnswer: C", "C"),
+    ("A detailed analysis shows the result is large.", None),
+    ("I am not sure.", None),
+    ("", None),
+]
+
+
+@pytest.mark.parametrize("reply,want", CHOICE_CASES)
+def test_extract_choice_cases(reply, want):
+    assert extract_choice(reply) == want
+
+
+def test_option_text_fallback_and_letter_range():
+    choices = ["10^-11 eV", "10^-4 eV", "10^-9 eV", "10^-8 eV"]
+    assert extract_choice("The answer is 10^-4 eV.", choices=choices) == "B"
+    assert extract_choice("10^-8 eV", choices=choices) == "D"
+    assert extract_choice("Answer: E") is None
+    assert extract_choice("Answer: C", letters="AB") is None
+
+
+def test_grade_choice_on_real_tasks(root):
+    gpqa = load_gpqa(root)[:20]
+    for t in gpqa:
+        wrong = next(l for l in "ABCD" if l != t.answer)
+        assert grade(t, f"Reasoning...\nAnswer: {t.answer}") == 1.0
+        assert grade(t, f"Reasoning...\nAnswer: {wrong}") == 0.0
+        assert grade(t, "I cannot decide.") == 0.0
+    mmlu = load_mmlu(root, subjects=["anatomy"])[:10]
+    assert all(grade_choice(t, f"The answer is ({t.answer})") == 1.0 for t in mmlu)
+
+
+def test_dispatcher_for_other_graders():
+    judge = Task(id="mt_bench/81", source="mt_bench", prompt=("a", "b"), grader="judge")
+    with pytest.raises(NotImplementedError, match="judge"):
+        grade(judge, "text")
+    code = Task(id="humaneval/HumanEval/0", source="humaneval", prompt=("p",), grader="code", tests="def check(c): pass")
+    if importlib.util.find_spec("trinity.grading.code") is None:
+        with pytest.raises(NotImplementedError, match="trinity.grading.code"):
+            grade(code, "def f(): pass")
+    bad = Task(id="x/1", source="x", prompt=("p",), grader="nope")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown grader"):
+        grade(bad, "")

@@ -1,0 +1,412 @@
+"""OpenAI-compatible pool backend against a fault-injecting endpoint over real HTTP on 127.0.0.1.
+
+What must hold whatever the endpoint does: every call ends in a ChatResponse (ok, or ok=False with a
+reason), nothing raises, the books (calls, attempts, retries, tokens, cost) balance exactly against the
+server's own counts, Retry-After is honoured, concurrency limits hold, and the API key never shows up
+anywhere we write.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import email.utils
+import logging
+import secrets
+import time
+
+import pytest
+from fake_openai_server import FakeOpenAIServer, reply_for, usage_for
+
+from trinity.config import PoolMember, PoolSettings
+from trinity.pool.base import ChatModel
+from trinity.pool.errors import MissingApiKeyError, PoolConfigError, check_pool_config
+from trinity.pool.openai_compat import OpenAICompatibleChatModel, parse_retry_after
+from trinity.records import ChatMessage, ChatResponse, SamplingParams
+from trinity.tracking_redact import RedactingFilter, redact, redact_text, register_secret_env_names
+
+KEY_ENV = "TRINITY_TEST_FAKE_KEY"
+PRICE_IN, PRICE_OUT = 3.0, 15.0  # $ per 1M tokens
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(params=["aiohttp", "httpx"])
+def transport(request) -> str:
+    """Both HTTP transports the backend can run on (the SDK's aiohttp client, and its httpx default)."""
+    return request.param
+
+
+@pytest.fixture
+def api_key(monkeypatch) -> str:
+    key = "sk-trinitytest-" + secrets.token_hex(16)
+    monkeypatch.setenv(KEY_ENV, key)
+    return key
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAIServer() as srv:
+        yield srv
+
+
+def member(srv: FakeOpenAIServer, name: str = "m", model: str = "test-model", **kw) -> PoolMember:
+    fields = dict(name=name, backend="openai", model=model, base_url=srv.base_url, api_key_env=KEY_ENV,
+                  price_input_per_mtok=PRICE_IN, price_output_per_mtok=PRICE_OUT, timeout_s=5.0,
+                  max_retries=3, max_concurrency=4)
+    fields.update(kw)
+    return PoolMember(**fields)
+
+
+def fast(m: PoolMember, global_limit: asyncio.Semaphore | None = None, **kw) -> OpenAICompatibleChatModel:
+    """A model with short backoff, so retry tests take milliseconds (Retry-After still applies)."""
+    kw.setdefault("transport", "httpx")
+    kw.setdefault("backoff_base_s", 0.01)
+    kw.setdefault("backoff_max_s", 0.05)
+    return OpenAICompatibleChatModel(m, global_limit, **kw)
+
+
+def ask(text: str) -> list[ChatMessage]:
+    return [ChatMessage("system", "Answer briefly."), ChatMessage("user", text)]
+
+
+def expected_usage(text: str) -> tuple[int, int]:
+    msgs = [{"role": m.role, "content": m.content} for m in ask(text)]
+    return usage_for(msgs, reply_for(msgs))
+
+
+# -- configuration ---------------------------------------------------------------------------------
+def test_missing_env_var_names_member_and_variable(server, monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(MissingApiKeyError) as e:
+        OpenAICompatibleChatModel(member(server, name="gpt-big"))
+    assert "gpt-big" in str(e.value) and KEY_ENV in str(e.value) and "not set" in str(e.value)
+    monkeypatch.setenv(KEY_ENV, "  ")
+    with pytest.raises(MissingApiKeyError, match="set but empty"):
+        OpenAICompatibleChatModel(member(server, name="gpt-big"))
+
+
+def test_check_pool_config_lists_every_problem(server, monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    good_local = PoolMember(name="tiny", backend="local", model="smollm2-135m-instruct")
+    no_key = member(server, name="remote")
+    weird = PoolMember.model_construct(**{**good_local.model_dump(), "name": "odd", "backend": "grpc"})
+    pool = PoolSettings.model_construct(members=[good_local, no_key, weird], max_concurrency=8)
+    with pytest.raises(PoolConfigError) as e:
+        check_pool_config(pool)
+    msg = str(e.value)
+    assert "'remote'" in msg and KEY_ENV in msg
+    assert "'odd'" in msg and "unknown backend 'grpc'" in msg
+    assert "tiny" not in msg  # a valid member is not reported
+
+    monkeypatch.setenv(KEY_ENV, "sk-" + "x" * 30)
+    check_pool_config(PoolSettings(members=[good_local, no_key]))  # all fine now: no exception
+
+
+def test_keyless_endpoint_and_protocol(server, transport):
+    m = OpenAICompatibleChatModel(member(server, api_key_env=None), transport=transport)
+    assert isinstance(m, ChatModel)
+    assert m.model_id == f"openai-compatible:test-model@{server.base_url}"
+    r = asyncio.run(_chat_once(m, "hello"))
+    assert r.ok and r.text == "echo: hello"
+    assert server.records[0].authorization == "Bearer no-key"
+
+
+async def _chat_once(m: OpenAICompatibleChatModel, text: str) -> ChatResponse:
+    try:
+        return await m.chat(ask(text), SamplingParams())
+    finally:
+        await m.aclose()
+
+
+# -- one call, every kind of reply ------------------------------------------------------------------
+def test_ok_reply_tokens_and_cost(server, api_key, transport):
+    m = OpenAICompatibleChatModel(member(server), transport=transport)
+    r = asyncio.run(_chat_once(m, "what is 2+2?"))
+    pt, ct = expected_usage("what is 2+2?")
+    assert r == ChatResponse(text="echo: what is 2+2?", ok=True, prompt_tokens=pt, completion_tokens=ct,
+                             cost_usd=(pt * PRICE_IN + ct * PRICE_OUT) / 1e6, latency_s=r.latency_s,
+                             model=m.model_id)
+    assert 0 < r.latency_s < 5
+    assert m.totals.calls == 1 and m.totals.attempts == 1 and m.totals.retries == 0
+
+
+@pytest.mark.parametrize("mode, reason, billed", [
+    ("500", "http 500: upstream failure 500", False),
+    ("503", "http 503", False),
+    ("429:0", "http 429", False),
+    ("429quota", "exceeded your current quota", False),
+    ("401echo", "http 401: Incorrect API key provided", False),
+    ("hang", "timeout after 0.4s", False),
+    ("truncated", "malformed reply: truncated JSON", False),
+    ("empty_choices", "empty reply: no choices", True),
+    ("null_content", "empty reply: null content (finish_reason='length')", True),
+    ("drop", "connection error", False),
+])
+def test_each_failure_is_a_response_with_reason(server, api_key, transport, mode, reason, billed):
+    m = fast(member(server, model=f"fake:{mode}", timeout_s=0.4, max_retries=0), transport=transport)
+    r = asyncio.run(_chat_once(m, "q"))
+    assert isinstance(r, ChatResponse) and not r.ok and r.text == ""
+    assert reason in r.error
+    assert (r.prompt_tokens > 0) == billed
+    assert r.cost_usd == pytest.approx((r.prompt_tokens * PRICE_IN + r.completion_tokens * PRICE_OUT) / 1e6)
+    assert server.request_count == 1
+    assert m.totals.failed_calls == 1 and m.totals.retries == 0
+
+
+@pytest.mark.parametrize("mode, attempts", [
+    ("503", 3), ("500", 3), ("429:0", 3), ("hang", 3), ("truncated", 3), ("drop", 3),  # transient: retried
+    ("401echo", 1), ("429quota", 1), ("empty_choices", 1), ("null_content", 1),  # retrying would not help
+])
+def test_what_is_retried(server, api_key, transport, mode, attempts):
+    m = fast(member(server, model=f"fake:{mode}", timeout_s=0.3, max_retries=2), transport=transport)
+    r = asyncio.run(_chat_once(m, "q"))
+    assert not r.ok
+    assert server.request_count == attempts
+    assert m.totals.attempts == attempts and m.totals.retries == attempts - 1
+    if attempts > 1:
+        assert r.error.startswith(f"gave up after {attempts} attempts; last: ")
+
+
+# -- many calls, mixed faults, exact books ----------------------------------------------------------
+def test_mixed_faults_every_call_accounted(server, api_key, transport):
+    transient = ["500", "503", "429:0", "drop", "truncated", "hang:3", "503", "500"]
+    server.scripts = {"flaky": list(transient)}
+    server.hang_s = 3.0
+
+    async def run():
+        gl = asyncio.Semaphore(6)
+        flaky = fast(member(server, name="flaky", model="flaky", timeout_s=0.5, max_retries=len(transient),
+                            max_concurrency=4), gl, transport=transport)
+        down = fast(member(server, name="down", model="fake:503", max_retries=2, max_concurrency=2), gl,
+                    transport=transport)
+        empty = fast(member(server, name="empty", model="fake:empty_choices", max_retries=2), gl,
+                     transport=transport)
+        calls = [(flaky, f"flaky {i}") for i in range(30)] + [(down, f"down {i}") for i in range(5)] + \
+                [(empty, f"empty {i}") for i in range(5)]
+        try:
+            rs = await asyncio.gather(*(mdl.chat(ask(q), SamplingParams(seed=i)) for i, (mdl, q) in enumerate(calls)))
+        finally:
+            for mdl in (flaky, down, empty):
+                await mdl.aclose()
+        return flaky, down, empty, calls, rs
+
+    flaky, down, empty, calls, rs = asyncio.run(run())
+    assert len(rs) == len(calls) and all(isinstance(r, ChatResponse) for r in rs)
+    flaky_rs, down_rs, empty_rs = rs[:30], rs[30:35], rs[35:]
+
+    # flaky: every transient fault absorbed by a retry; every answer is the right one
+    assert all(r.ok for r in flaky_rs)
+    assert [r.text for r in flaky_rs] == [f"echo: flaky {i}" for i in range(30)]
+    assert flaky.totals == dataclasses.replace(
+        flaky.totals, calls=30, ok_calls=30, failed_calls=0, attempts=30 + len(transient), retries=len(transient))
+    # down: each call tried 1 + max_retries times, then a recorded failure
+    assert all(not r.ok and r.error.startswith("gave up after 3 attempts; last: http 503") for r in down_rs)
+    assert (down.totals.calls, down.totals.failed_calls, down.totals.attempts, down.totals.retries) == (5, 5, 15, 10)
+    # empty: billed, failed, not retried
+    assert all(not r.ok and r.error == "empty reply: no choices" and r.prompt_tokens == 3 for r in empty_rs)
+    assert (empty.totals.attempts, empty.totals.retries, empty.totals.prompt_tokens) == (5, 0, 15)
+
+    # the server saw exactly the attempts we counted, and billed exactly the tokens we counted
+    models = (flaky, down, empty)
+    assert server.request_count == sum(m.totals.attempts for m in models) == 30 + len(transient) + 15 + 5
+    client_pt = sum(m.totals.prompt_tokens for m in models)
+    assert client_pt == server.billed_prompt_tokens == sum(r.prompt_tokens for r in rs)
+    assert sum(m.totals.completion_tokens for m in models) == server.billed_completion_tokens
+    want_pt = sum(expected_usage(f"flaky {i}")[0] for i in range(30)) + 15
+    want_ct = sum(expected_usage(f"flaky {i}")[1] for i in range(30))
+    assert server.billed_prompt_tokens == want_pt and server.billed_completion_tokens == want_ct
+    assert sum(m.totals.cost_usd for m in models) == pytest.approx((want_pt * PRICE_IN + want_ct * PRICE_OUT) / 1e6,
+                                                                   rel=1e-12)
+    assert sum(m.totals.cost_usd for m in models) == pytest.approx(sum(r.cost_usd for r in rs), rel=1e-12)
+
+
+# -- Retry-After -----------------------------------------------------------------------------------
+def test_retry_after_seconds_is_honoured(server, api_key, transport):
+    server.script = ["429:1", "ok"]
+    m = fast(member(server, max_retries=1), transport=transport)
+    r = asyncio.run(_chat_once(m, "q"))
+    assert r.ok and m.totals.retries == 1
+    first, second = server.records
+    assert second.t_start - first.t_end >= 1.0, "retried before Retry-After elapsed"
+    assert second.t_start >= first.retry_after_until
+    assert r.latency_s >= 1.0
+
+
+def test_retry_after_http_date_is_honoured(server, api_key, transport):
+    server.script = ["429date:2", "ok"]
+    m = fast(member(server, max_retries=1), transport=transport)
+    r = asyncio.run(_chat_once(m, "q"))
+    assert r.ok
+    first, second = server.records
+    assert first.retry_after_until is not None
+    assert second.t_start >= first.retry_after_until - 0.005  # date has whole seconds; ~1-2 s wait
+    assert second.t_start - first.t_end >= 0.9
+
+
+def test_retry_after_beyond_cap_fails_fast(server, api_key):
+    m = fast(member(server, model="fake:429:3600", max_retries=5), max_retry_after_s=60)
+    t0 = time.monotonic()
+    r = asyncio.run(_chat_once(m, "q"))
+    assert time.monotonic() - t0 < 2
+    assert not r.ok and "Retry-After 3600s exceeds" in r.error
+    assert server.request_count == 1
+
+
+def test_parse_retry_after_forms():
+    now = 1_700_000_000.0
+    assert parse_retry_after({"retry-after": "7"}) == 7.0
+    assert parse_retry_after({"retry-after": "0.5"}) == 0.5
+    assert parse_retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
+    date = email.utils.formatdate(now + 30, usegmt=True)
+    assert parse_retry_after({"retry-after": date}, now=now) == pytest.approx(30.0)
+    assert parse_retry_after({"retry-after": email.utils.formatdate(now - 30, usegmt=True)}, now=now) == 0.0
+    assert parse_retry_after({"retry-after": "soon"}) is None
+    assert parse_retry_after({}) is None
+
+
+# -- concurrency -----------------------------------------------------------------------------------
+def test_per_model_concurrency_limit(api_key, transport):
+    with FakeOpenAIServer(latency_s=0.1) as srv:
+        async def run():
+            m = OpenAICompatibleChatModel(member(srv, max_concurrency=3), transport=transport)
+            try:
+                return await asyncio.gather(*(m.chat(ask(f"q{i}"), SamplingParams()) for i in range(15)))
+            finally:
+                await m.aclose()
+        rs = asyncio.run(run())
+        assert all(r.ok for r in rs)
+        assert srv.max_in_flight == 3  # never more, and the limit was actually reached
+
+
+def test_global_concurrency_limit(api_key, transport):
+    with FakeOpenAIServer(latency_s=0.1) as srv:
+        async def run():
+            gl = asyncio.Semaphore(4)
+            ms = [OpenAICompatibleChatModel(member(srv, name=f"m{k}", max_concurrency=3), gl, transport=transport)
+                  for k in range(3)]
+            try:
+                return await asyncio.gather(*(ms[i % 3].chat(ask(f"q{i}"), SamplingParams()) for i in range(24)))
+            finally:
+                for m in ms:
+                    await m.aclose()
+        rs = asyncio.run(run())
+        assert all(r.ok for r in rs)
+        assert srv.max_in_flight == 4
+
+
+# -- the secret test -------------------------------------------------------------------------------
+def test_api_key_never_leaks(server, api_key, transport, caplog, capfd):
+    """Plant a key, log everything at DEBUG (ours, openai, httpx2/httpcore2 and their legacy names), run
+    calls that succeed and fail in every way (including a proxy that echoes the Authorization header
+    back), and look for the key, and for either half of its random part, everywhere we produce text."""
+    caplog.set_level(logging.DEBUG)
+    for name in ("openai", "openai._base_client", "httpx2", "httpcore2", "httpx", "httpcore", "aiohttp", "trinity"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
+
+    modes = ["ok", "500", "503", "429:0", "401echo", "hang", "truncated", "empty_choices", "null_content", "drop",
+             "429quota", "bogus"]
+
+    async def run():
+        models = [fast(member(server, name=f"m-{mode}", model=f"fake:{mode}", timeout_s=0.3, max_retries=1),
+                       transport=transport)
+                  for mode in modes]
+        try:
+            rs = await asyncio.gather(*(m.chat(ask("secret test"), SamplingParams()) for m in models))
+        finally:
+            for m in models:
+                await m.aclose()
+        return models, rs
+
+    models, rs = asyncio.run(run())
+    assert server.records and all(rec.authorization == f"Bearer {api_key}" for rec in server.records), \
+        "the key was not actually sent: the test would prove nothing"
+    assert sum(r.ok for r in rs) == 1 and len(rs) == len(modes)
+    assert any("Incorrect API key provided" in (r.error or "") for r in rs)
+
+    texts: list[str] = []
+    for rec in caplog.records:
+        texts.append(formatter.format(rec))
+        texts.append(repr(rec.__dict__))
+    assert any(rec.name.startswith("openai") for rec in caplog.records), "openai debug logs were not captured"
+    if transport == "httpx":
+        assert any(rec.name.startswith(("httpx", "httpcore")) for rec in caplog.records), "http logs not captured"
+    texts += [repr(r) for r in rs] + [str(dataclasses.asdict(r)) for r in rs]
+    texts += [repr(m) for m in models] + [str(m) for m in models] + [repr(vars(m)) for m in models]
+    texts += [repr(m.totals) for m in models]
+    out, err = capfd.readouterr()
+    texts += [out, err]
+
+    # exceptions our code raises must not carry it either
+    for bad in (dict(backend="local"), dict(max_concurrency=0)):
+        try:
+            OpenAICompatibleChatModel(member(server, **bad))
+        except Exception as e:  # noqa: BLE001
+            texts += [str(e), repr(e)]
+    try:
+        check_pool_config(PoolSettings.model_construct(
+            members=[PoolMember.model_construct(**{**member(server).model_dump(), "backend": "grpc"})],
+            max_concurrency=0))
+    except PoolConfigError as e:
+        texts += [str(e), repr(e)]
+
+    random_part = api_key.split("-")[-1]
+    needles = [api_key, random_part[:16], random_part[16:]]
+    for text in texts:
+        for needle in needles:
+            assert needle not in text, f"key material leaked into: {text[:300]}"
+
+
+# -- redaction -------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    note: str
+    tags: tuple[str, ...]
+
+
+def test_redact_env_values_shapes_and_fields(monkeypatch):
+    monkeypatch.setenv("MY_POOL_KEY", "plain-secret-value-123")
+    register_secret_env_names(["MY_POOL_KEY"])
+    openai_like = "sk-proj-" + "A1b2C3d4" * 4
+    google_like = "AIza" + "x" * 35
+    obj = {
+        "msg": "calling with plain-secret-value-123 now",
+        "nested": [{"deep": f"Authorization: Bearer {openai_like}"}, ("tuple plain-secret-value-123",)],
+        "api_key": "anything at all",
+        "Authorization": "whatever",
+        "row": _Row(note=f"g={google_like}", tags=("ok", openai_like)),
+        "n": 3,
+        "none": None,
+    }
+    before = repr(obj)
+    out = redact(obj)
+    assert repr(obj) == before  # input untouched
+    assert out["msg"] == "calling with [REDACTED:MY_POOL_KEY] now"
+    assert "plain-secret-value-123" not in repr(out)
+    assert openai_like not in repr(out) and google_like not in repr(out)
+    assert out["api_key"] == "[REDACTED]" and out["Authorization"] == "[REDACTED]"
+    assert isinstance(out["row"], _Row) and out["row"].tags[0] == "ok"
+    assert out["n"] == 3 and out["none"] is None
+    # ordinary text survives
+    assert redact_text("the sky is blue; task-id 42") == "the sky is blue; task-id 42"
+    # an extra secret passed explicitly is removed even if no env var holds it
+    assert redact_text("x=abcdef123456", extra_secrets=["abcdef123456"]) == "x=[REDACTED]"
+
+
+def test_redacting_filter_scrubs_log_records(monkeypatch, caplog):
+    monkeypatch.setenv("MY_POOL_KEY", "plain-secret-value-123")
+    register_secret_env_names(["MY_POOL_KEY"])
+    logger = logging.getLogger("trinity.test.redact")
+    flt = RedactingFilter()
+    logger.addFilter(flt)
+    try:
+        with caplog.at_level(logging.INFO, logger="trinity.test.redact"):
+            logger.info("key is %s", "plain-secret-value-123")
+            try:
+                raise RuntimeError("boom plain-secret-value-123")
+            except RuntimeError:
+                logger.exception("failed")
+    finally:
+        logger.removeFilter(flt)
+    assert "plain-secret-value-123" not in caplog.text
+    assert "[REDACTED:MY_POOL_KEY]" in caplog.text
