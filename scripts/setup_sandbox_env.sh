@@ -13,7 +13,7 @@
 # Usage: scripts/setup_sandbox_env.sh [VENV_DIR]
 #   VENV_DIR defaults to $TRINITY_SANDBOX_VENV, else ${XDG_CACHE_HOME:-~/.cache}/trinity/sandbox-venv.
 #   PYTHON=/path/to/python3.10 overrides the interpreter search.
-# Idempotent: a venv whose stamp matches this script's pin list is left as it is.
+# Idempotent: a venv whose stamp matches this script (its hash) and interpreter is left as it is.
 # System packages some tasks need (Debian): bubblewrap (the sandbox itself), tesseract-ocr (pytesseract).
 set -euo pipefail
 
@@ -85,7 +85,8 @@ PY="$(find_python)" || {
   exit 1
 }
 
-STAMP_WANT="$("$PY" -c 'import sys; print(sys.version.split()[0])') $(printf '%s\n' "${PINS[@]}" | sha256sum | cut -c1-16)"
+# The stamp: interpreter version + this script's own hash (pins and build steps).
+STAMP_WANT="$("$PY" -c 'import sys; print(sys.version.split()[0])') $(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
 if [[ -f "$VENV/.trinity-stamp" && "$(cat "$VENV/.trinity-stamp")" == "$STAMP_WANT" ]]; then
   echo "setup_sandbox_env: $VENV is up to date"
   exit 0
@@ -99,6 +100,15 @@ mkdir -p "$(dirname "$VENV")"
 # The project's pip constraints (if any) are about the project's venv, not this one.
 PIP_CONSTRAINT= "$VENV/bin/python" -m pip install --quiet --prefer-binary "${PINS[@]}"
 "$VENV/bin/python" -c 'import numpy, pandas, matplotlib, sklearn, scipy, tensorflow; print("setup_sandbox_env: imports ok")'
+# matplotlib's font list, built once; the sandbox seeds each run's MPLCONFIGDIR with it (~1 s saved per run).
+mkdir -p "$VENV/share/trinity/mplconfig"
+MPLCONFIGDIR="$VENV/share/trinity/mplconfig" MPLBACKEND=Agg "$VENV/bin/python" -c 'import matplotlib.pyplot'
+# NLTK corpora (stopwords, punkt) that 3 Hard tasks need come from NLTK's own server, not from PyPI:
+# fetched only when asked (TRINITY_NLTK_DOWNLOAD=1, needs internet); without them those tasks fail.
+if [[ "${TRINITY_NLTK_DOWNLOAD:-0}" == "1" ]]; then
+  "$VENV/bin/python" -m nltk.downloader -d "$VENV/nltk_data" stopwords punkt \
+    || echo "setup_sandbox_env: warning: NLTK data download failed" >&2
+fi
 # The venv is read by an unprivileged uid inside the sandbox.
 chmod -R a+rX "$VENV"
 echo "$STAMP_WANT" > "$VENV/.trinity-stamp"

@@ -73,7 +73,11 @@ def test_crash_mid_write_leaves_no_half_rows(tmp_path):
     with Store(path) as s:
         n = s.state_count("enc")
         assert n % 20000 == 0  # whole batches only
-        assert s.con.execute("SELECT count(*) FROM states WHERE octet_length(vec) <> 64*4").fetchone()[0] == 0
+        assert s.con.execute("SELECT count(*) FROM states WHERE dim <> 64").fetchone()[0] == 0
+        segs = [r[0] for r in s.con.execute("SELECT DISTINCT segment FROM states").fetchall()]
+        assert all((s.segments_dir / seg).exists() for seg in segs)  # no row without its vectors
+        keys = [r[0] for r in s.con.execute("SELECT key FROM states LIMIT 5").fetchall()]
+        assert all(v.shape == (64,) for v in s.get_states("enc", keys).values())
 
 
 def test_second_writer_gets_clear_error(tmp_path):

@@ -2,7 +2,11 @@
 
 One DuckDB file (one writer process at a time: DuckDB's rule) with three tables:
 - responses: key = hash(model id, messages, sampling) → text, ok/error, tokens, cost. A hit makes no call.
-- states:    (encoder id, transcript hash) → float32 vector.
+- states:    (encoder id, transcript hash) → float32 vector. The vectors live in append-only .npy segment
+             files beside the database (`<store>.states/`), one per write batch, and the table indexes them:
+             bulk writes and reads run at disk speed instead of paying DuckDB's WAL + checkpoint on 4 KB blobs.
+             A segment is written (atomic rename) before its index rows commit, so a crash leaves at most an
+             unreferenced file, never a row without its vector.
 - episodes:  (run, generation, candidate, task) → path, reward, cost.
 Each write is one transaction, so a crash mid-write leaves no half rows. `export_parquet` writes each
 table to Parquet for DVC and for scans with DuckDB/pyarrow.
@@ -10,7 +14,9 @@ table to Parquet for DVC and for scans with DuckDB/pyarrow.
 from __future__ import annotations
 
 import json
+import os
 import threading
+import uuid
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -40,7 +46,8 @@ CREATE TABLE IF NOT EXISTS states (
     encoder_id VARCHAR NOT NULL,
     key VARCHAR NOT NULL,
     dim INTEGER NOT NULL,
-    vec BLOB NOT NULL,
+    segment VARCHAR NOT NULL,
+    row INTEGER NOT NULL,
     PRIMARY KEY (encoder_id, key)
 );
 CREATE TABLE IF NOT EXISTS episodes (
@@ -83,6 +90,7 @@ class Store:
             self.con.execute(_SCHEMA)
         self._lock = threading.Lock()
         self._responses: dict[str, ChatResponse] = {}
+        self._segments: dict[str, np.ndarray] = {}
         self._load_responses()
 
     # ---------------------------------------------------------------- responses
@@ -113,6 +121,17 @@ class Store:
         return len(self._responses)
 
     # ---------------------------------------------------------------- states
+    @property
+    def segments_dir(self) -> Path:
+        return self.path.with_name(self.path.name + ".states")
+
+    def _segment(self, name: str) -> np.ndarray:
+        seg = self._segments.get(name)
+        if seg is None:
+            seg = np.load(self.segments_dir / name, mmap_mode="r")
+            self._segments[name] = seg
+        return seg
+
     def get_states(self, encoder_id: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
         if not keys:
             return {}
@@ -121,14 +140,21 @@ class Store:
             self.con.register("_want_keys", want)
             try:
                 tbl = self.con.sql(
-                    "SELECT s.key, s.dim, s.vec FROM states s JOIN _want_keys w ON s.key = w.key "
-                    "WHERE s.encoder_id = ?", params=[encoder_id]).to_arrow_table()
+                    "SELECT s.key, s.segment, s.row FROM states s JOIN _want_keys w ON s.key = w.key "
+                    "WHERE s.encoder_id = ? ORDER BY s.segment, s.row", params=[encoder_id]).to_arrow_table()
             finally:
                 self.con.unregister("_want_keys")
-        out = {}
-        for k, dim, vec in zip(tbl.column("key").to_pylist(), tbl.column("dim").to_pylist(),
-                               tbl.column("vec").to_pylist()):
-            out[k] = np.frombuffer(vec, dtype=np.float32, count=dim)
+        out: dict[str, np.ndarray] = {}
+        if tbl.num_rows == 0:
+            return out
+        k_all = tbl.column("key").to_pylist()
+        seg_all = tbl.column("segment").to_numpy(zero_copy_only=False)
+        row_all = tbl.column("row").to_numpy()
+        bounds = np.flatnonzero(seg_all[1:] != seg_all[:-1]) + 1
+        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(seg_all)]):
+            block = np.asarray(self._segment(seg_all[lo])[row_all[lo:hi]], dtype=np.float32)
+            for j, k in enumerate(k_all[lo:hi]):
+                out[k] = block[j]
         return out
 
     def put_states(self, encoder_id: str, keys: Sequence[str], vectors: np.ndarray) -> None:
@@ -137,18 +163,24 @@ class Store:
             raise ValueError(f"put_states: {len(keys)} keys for an array of shape {vectors.shape}")
         if not len(keys):
             return
-        dim = vectors.shape[1]
+        self.segments_dir.mkdir(parents=True, exist_ok=True)
+        name = f"{uuid.uuid4().hex}.npy"
+        tmp = self.segments_dir / f".{name}.tmp"
+        with open(tmp, "wb") as f:
+            np.save(f, vectors)
+        os.replace(tmp, self.segments_dir / name)
         tbl = pa.table({
             "encoder_id": pa.array([encoder_id] * len(keys), pa.string()),
             "key": pa.array(list(keys), pa.string()),
-            "dim": pa.array(np.full(len(keys), dim, dtype=np.int32)),
-            "vec": pa.array([row.tobytes() for row in vectors], pa.binary()),
+            "dim": pa.array(np.full(len(keys), vectors.shape[1], dtype=np.int32)),
+            "segment": pa.array([name] * len(keys), pa.string()),
+            "row": pa.array(np.arange(len(keys), dtype=np.int32)),
         })
         with self._lock:
             self.con.register("_new_states", tbl)
             try:
                 self.con.execute("BEGIN")
-                self.con.execute("INSERT OR REPLACE INTO states SELECT encoder_id, key, dim, vec FROM _new_states")
+                self.con.execute("INSERT OR REPLACE INTO states SELECT encoder_id, key, dim, segment, row FROM _new_states")
                 self.con.execute("COMMIT")
             except BaseException:
                 self.con.execute("ROLLBACK")
@@ -186,10 +218,32 @@ class Store:
         for t in tables:
             p = out_dir / f"{t}.parquet"
             tmp = p.with_suffix(".parquet.tmp")
-            self.con.execute(f"COPY (SELECT * FROM {t} ORDER BY ALL) TO '{tmp}' (FORMAT PARQUET)")
+            if t == "states":
+                self._export_states(tmp)
+            else:
+                self.con.execute(f"COPY (SELECT * FROM {t} ORDER BY ALL) TO '{tmp}' (FORMAT PARQUET)")
             tmp.replace(p)
             paths[t] = p
         return paths
+
+    def _export_states(self, dest: Path) -> None:
+        import pyarrow.parquet as pq
+
+        rows = self.con.execute("SELECT encoder_id, key, dim FROM states ORDER BY encoder_id, key").fetchall()
+        schema = pa.schema([("encoder_id", pa.string()), ("key", pa.string()), ("dim", pa.int32()),
+                            ("state", pa.list_(pa.float32()))])
+        with pq.ParquetWriter(dest, schema) as w:
+            for i in range(0, len(rows), 10_000):
+                chunk = rows[i:i + 10_000]
+                by_enc: dict[str, list[str]] = {}
+                for enc, k, _ in chunk:
+                    by_enc.setdefault(enc, []).append(k)
+                vecs = {}
+                for enc, ks in by_enc.items():
+                    vecs.update({(enc, k): v for k, v in self.get_states(enc, ks).items()})
+                w.write_table(pa.table({
+                    "encoder_id": [r[0] for r in chunk], "key": [r[1] for r in chunk], "dim": [r[2] for r in chunk],
+                    "state": [vecs[(r[0], r[1])].tolist() for r in chunk]}, schema=schema))
 
     def close(self) -> None:
         self.con.close()

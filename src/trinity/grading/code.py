@@ -37,6 +37,7 @@ import secrets
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from trinity.grading.sandbox import Sandbox, SandboxResult, SandboxUnavailable, sandbox_python
@@ -55,7 +56,8 @@ LCB_PRELUDE = (
     "import io\nimport sys\nimport json\nsys.setrecursionlimit(50000)\n"
 )
 
-TIMEOUTS_S = {"humaneval": 10.0, "mbpp": 10.0, "livecodebench": 6.0, "bigcodebench": 120.0}
+# BigCodeBench: its own evaluation allows 240 s per task (some canonical solutions wait on timeouts).
+TIMEOUTS_S = {"humaneval": 10.0, "mbpp": 10.0, "livecodebench": 6.0, "bigcodebench": 240.0}
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,16 @@ class CodeVerdict:
         return 1.0 if self.passed else 0.0
 
 
-def grade_code(task: Task, completion_text: str, *, sandbox: Sandbox | None = None) -> float:
+def grade_code(task: Task, completion_text: str | None, *, sandbox: Sandbox | None = None) -> float:
     """1.0 when the code in `completion_text` passes all of `task`'s tests, else 0.0."""
     return grade_code_detail(task, completion_text, sandbox=sandbox).score
 
 
-def grade_code_detail(task: Task, completion_text: str, *, sandbox: Sandbox | None = None) -> CodeVerdict:
+def grade_code_detail(task: Task, completion_text: str | None, *, sandbox: Sandbox | None = None) -> CodeVerdict:
+    """The verdict with its reason. Raises SandboxUnavailable when the sandbox cannot run (a missing
+    sandbox is a setup error, not a wrong answer)."""
+    if not completion_text:
+        return CodeVerdict(False, "no answer")
     kind = _kind(task)
     entry = task.metadata.get("entry_point")
     if kind == "livecodebench" and task.metadata.get("testtype") == "functional":
@@ -132,10 +138,16 @@ def default_sandbox(kind: str) -> Sandbox:
             raise SandboxUnavailable(
                 "the BigCodeBench sandbox venv is missing: run scripts/setup_sandbox_env.sh "
                 "(or set TRINITY_SANDBOX_VENV to a venv built by it)")
+        venv = Path(py).parent.parent
+        env = [("TZ", "UTC"), ("TF_ENABLE_ONEDNN_OPTS", "0"), ("MPLCONFIGDIR", "/tmp/mplconfig")]
+        # matplotlib's font list, built once by the setup script: saves ~1 s per program.
+        binds = [(str(f), f"/tmp/mplconfig/{f.name}") for f in sorted(venv.glob("share/trinity/mplconfig/fontlist-*.json"))]
+        if (venv / "nltk_data").is_dir():  # only where the setup could download it (needs internet)
+            env.append(("NLTK_DATA", str(venv / "nltk_data")))
         return Sandbox(
             python=py, timeout_s=TIMEOUTS_S["bigcodebench"], memory_mb=16384, rss_limit_mb=4096,
             max_procs=512, tmpfs_mb=1024, max_file_mb=512, max_open_files=1024,
-            env=(("TZ", "UTC"), ("TF_ENABLE_ONEDNN_OPTS", "0"), ("MPLCONFIGDIR", "/tmp/mplconfig")),
+            env=tuple(env), ro_binds=tuple(binds),
         )
     return Sandbox(timeout_s=TIMEOUTS_S.get(kind, 10.0))
 

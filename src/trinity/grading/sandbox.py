@@ -199,7 +199,8 @@ class Sandbox:
         mb = 1 << 20
         return [
             "prlimit",
-            f"--cpu={self._cpu_limit(timeout)}",
+            # soft < hard: the soft limit sends SIGXCPU (reported as "cpu_limit"), the hard one SIGKILL
+            f"--cpu={self._cpu_limit(timeout)}:{self._cpu_limit(timeout) + 1}",
             f"--as={self.memory_mb * mb}",
             f"--nproc={self.max_procs + extra_nproc}",
             f"--fsize={self.max_file_mb * mb}",
@@ -406,7 +407,7 @@ def _bwrap_argv(sb: Sandbox, fds: dict[str, int], etc_fds: dict[str, int], secco
     a += ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--info-fd", str(info_fd)]
     # Parent directories of the bind targets: created explicitly as 0755 (privileged bwrap would
     # otherwise create them 0700, unreadable for the sandbox uid).
-    dests = ["/etc/x"] + [d for d in binds] + [dest for _, dest in sb.ro_binds]
+    dests = ["/etc/x"] + [d for d in binds]
     parents = sorted({str(p) for d in dests for p in Path(d).parents if str(p) != "/"}, key=len)
     for p in parents:
         a += ["--perms", "0755", "--dir", p]
@@ -422,18 +423,29 @@ def _bwrap_argv(sb: Sandbox, fds: dict[str, int], etc_fds: dict[str, int], secco
         a += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
     for d in binds:
         a += ["--ro-bind", d, d]
-    for src, dest in sb.ro_binds:
-        a += ["--ro-bind", src, dest]
     a += ["--proc", "/proc", "--dev", "/dev"]
     size = str(sb.tmpfs_mb * mb)
     a += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
     a += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
     a += ["--perms", "1777" if as_root else "0755", "--size", size, "--tmpfs", WORKDIR]
+    # Extra read-only binds come after the tmpfs mounts (so they may land in /tmp or the work dir);
+    # directories made for them in a tmpfs stay writable (e.g. a cache directory seeded read-only).
+    made = {"/", "/tmp", "/dev", "/dev/shm", "/proc", WORKDIR, "/etc", *parents, *binds}
+    for src, dest in sb.ro_binds:
+        for p in sorted((str(q) for q in Path(dest).parents), key=len):
+            if p not in made:
+                in_tmpfs = any(p.startswith(t + "/") for t in ("/tmp", "/dev/shm", WORKDIR))
+                a += ["--perms", ("1777" if as_root else "0777") if in_tmpfs else "0755", "--dir", p]
+                made.add(p)
+        a += ["--ro-bind", src, dest]
     for name, fd in fds.items():
         parent = os.path.dirname(name)
         if parent:
             a += ["--perms", "1777" if as_root else "0755", "--dir", f"{WORKDIR}/{parent}"]
         a += ["--perms", "0644", "--file", str(fd), f"{WORKDIR}/{name}"]
+    # The root tmpfs (and /etc in it) and /dev's tmpfs: read-only from here on, so that only the
+    # size-capped tmpfs mounts (work dir, /tmp, /dev/shm) take writes.
+    a += ["--remount-ro", "/", "--remount-ro", "/dev"]
     a += ["--chdir", WORKDIR, "--clearenv"]
     for k, v in sb._inner_env(WORKDIR).items():
         a += ["--setenv", k, v]
@@ -509,11 +521,14 @@ def _run_weak(sb: Sandbox, files: dict[str, bytes], stdin: bytes, timeout: float
         exe = os.path.abspath(sb.interpreter)
         argv: list[str] = []
         extra_nproc = 0
-        if as_root and shutil.which("unshare") and shutil.which("setpriv"):
-            uid = _fresh_uid()
+        if as_root and shutil.which("unshare"):
             argv += ["unshare", "--net", "--ipc", "--uts", "--pid", "--fork", "--kill-child", "--mount",
-                     "--mount-proc", "--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                     "--no-new-privs", "--"]
+                     "--mount-proc", "--"]
+            if shutil.which("setpriv") and all(_world_usable(d) for d in _python_layout(exe)[0] + (exe,)):
+                uid = _fresh_uid()
+                argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
+            else:
+                log.warning("weak sandbox: %s is not usable by an unprivileged uid; the code runs as root", exe)
         else:
             # RLIMIT_NPROC counts every process of this uid: leave room for the ones already running.
             extra_nproc = _count_own_processes()
@@ -523,6 +538,18 @@ def _run_weak(sb: Sandbox, files: dict[str, bytes], stdin: bytes, timeout: float
                           env=env, cwd=workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _world_usable(path: str) -> bool:
+    """Whether any uid can reach `path` (search permission on every ancestor) and read/execute it."""
+    p = Path(os.path.realpath(path))
+    try:
+        for anc in reversed(p.parents):
+            if not os.stat(anc).st_mode & 0o001:
+                return False
+        return bool(os.stat(p).st_mode & 0o005)
+    except OSError:
+        return False
 
 
 def _count_own_processes() -> int:

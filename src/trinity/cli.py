@@ -1,0 +1,82 @@
+"""`trinity` command line: ask a trained coordinator, run a stage, check the graders."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+
+def _ask(args) -> int:
+    from trinity import stages
+    from trinity.config import load_settings
+    from trinity.coordinator.episode import Episode, StateCache, play_episodes
+    from trinity.coordinator.head import HeadShape
+    from trinity.evolve.sep_cma import load_checkpoint
+    from trinity.pool.runtime import build_pool
+    from trinity.records import Task
+    from trinity.store import Store
+
+    settings = load_settings(args.params)
+    paths = stages.Paths(Path(args.root).resolve())
+    params, meta = load_checkpoint(paths.checkpoint)
+    task = Task(id="cli/ask", source="cli", prompt=(args.question,), grader=args.grader)
+    encoder = stages.make_encoder(settings)
+    with Store(paths.store) as store:
+        pool = build_pool(settings.pool, store, stages._role_caps(settings))
+        if [p["name"] for p in meta["pool"]] != pool.names:
+            print(f"checkpoint pool {[p['name'] for p in meta['pool']]} != params pool {pool.names}", file=sys.stderr)
+            return 2
+        W = HeadShape(len(pool), encoder.dim).unflatten(params)
+        ep = Episode(task=task, candidate=0, rng=None)
+        asyncio.run(play_episodes([ep], [W], pool, StateCache(encoder, store), settings.coordinator.max_turns,
+                                  settings.reward, lambda t, a: 0.0))
+    for i, t in enumerate(ep.turns):
+        print(f"--- turn {i + 1}: {t.role.value} ({t.model})\n{t.text}\n", file=sys.stderr)
+    if ep.verifier_first:
+        print("(the coordinator picked the Verifier before any answer: no answer)", file=sys.stderr)
+    answer = next((t.text for t in reversed(ep.turns) if t.role.value == "worker"), "")
+    print(answer)
+    return 0
+
+
+def _stage(args) -> int:
+    from trinity import stages
+    from trinity.config import load_settings
+
+    settings = load_settings(args.params)
+    out = getattr(stages, args.name)(settings, stages.Paths(Path(args.root).resolve()))
+    print(json.dumps(out if isinstance(out, dict) else {"output": str(out)}, default=str))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="trinity", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("ask", help="answer a question with the trained coordinator over the pool")
+    a.add_argument("question")
+    a.add_argument("--grader", default="math", choices=["math", "choice", "code", "judge"],
+                   help="answer format the Worker is asked for")
+    a.add_argument("--params", default="params.yaml")
+    a.add_argument("--root", default=".", help="project directory holding data/")
+    s = sub.add_parser("stage", help="run one pipeline stage without Prefect/W&B")
+    s.add_argument("name", choices=["prepare", "encode", "evolve", "evaluate", "report"])
+    s.add_argument("--params", default="params.yaml")
+    s.add_argument("--root", default=".")
+    c = sub.add_parser("check-graders", help="canonical solutions through the graders; one JSON line per benchmark")
+    c.add_argument("rest", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    if args.cmd == "ask":
+        return _ask(args)
+    if args.cmd == "stage":
+        return _stage(args)
+    if args.cmd == "check-graders":
+        from trinity.grading.check import main as check_main
+
+        return check_main(args.rest)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
