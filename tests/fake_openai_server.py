@@ -80,7 +80,10 @@ class FakeOpenAIServer:
         default_mode: str = "ok",
         latency_s: float = 0.0,
         hang_s: float = 30.0,
+        reply: Any = None,
     ) -> None:
+        self.reply = reply or reply_for
+        """messages → reply text for `ok` answers (default: echo the last message)."""
         self.script = list(script or [])
         self.scripts = {k: list(v) for k, v in (scripts or {}).items()}
         self.default_mode = default_mode
@@ -260,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.fake._sleep(float(arg) if arg else self.fake.hang_s)
             self._ok(body, messages)
         elif name == "truncated":
-            text = reply_for(messages)
+            text = self.fake.reply(messages)
             full = json.dumps(_completion(body, messages, *usage_for(messages, text), text))
             self._raw(200, full[: len(full) // 2].encode())
         elif name == "empty_choices":
@@ -275,7 +278,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.fake._bill(5, 256)
             self._json(200, payload)
         elif name == "drop":
-            data = json.dumps(_completion(body, messages, 1, 1, reply_for(messages))).encode()
+            data = json.dumps(_completion(body, messages, 1, 1, self.fake.reply(messages))).encode()
             self.fake._end(rec)
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -292,7 +295,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, _err(f"fake server: unknown mode {mode!r}", "invalid_request_error"))
 
     def _ok(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
-        text = reply_for(messages)
+        text = self.fake.reply(messages)
         pt, ct = usage_for(messages, text)
         self.fake._bill(pt, ct)
         self._json(200, _completion(body, messages, pt, ct, text))

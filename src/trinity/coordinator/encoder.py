@@ -11,7 +11,8 @@ and almost all of the cost of a training run's encoding is spent on tokens it ha
   longest common *token* prefix (texts are tokenized whole, so a token that straddles the old/new
   boundary is recomputed). At least the last two tokens are always recomputed, so the penultimate
   token's state comes from a real forward pass. Stored caches are never written to: a reused prefix is
-  a view that the next `DynamicCache.update` concatenates into a new tensor.
+  a view that the next `DynamicCache.update` concatenates into a new tensor. (A transcript longer than
+  `max_tokens` keeps its last tokens, so its start moves every turn and it is encoded from scratch.)
 - **SVF.** With `svf_layer=k` the singular values of the weight matrices of block k are scaled
   (energy preserving: W' = U diag(S(1+δ)) Vᵀ · ΣS/ΣS(1+δ)), applied as W + U diag(S' − S) Vᵀ so δ=0
   gives W bit for bit. Blocks below k are frozen, so the residual stream at block k's input is cached
@@ -144,8 +145,13 @@ def _convert_gguf(gguf: Path, out: Path, sha: str) -> None:
             "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
         }, indent=1) + "\n")
         if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+            shutil.rmtree(out, ignore_errors=True)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            # Another process finished the same conversion first; its copy is as good as ours.
+            if not (out / _CONVERSION_MARKER).exists():
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -319,8 +325,8 @@ class TranscriptEncoder:
         if not -(L + 1) <= layer <= L:
             raise ValueError(f"layer must be in [{-(L + 1)}, {L}] for a {L}-block model, got {layer}")
         self._h = layer % (L + 1)  # 0..L; L = final normed output
-        self.pooling: Pooling = pooling
-        self.max_tokens = max_tokens
+        self._pooling: Pooling = pooling
+        self._max_tokens = max_tokens
         self._head = list(self._tok("", add_special_tokens=True)["input_ids"])
 
         self._layer_types = list(getattr(self._config, "layer_types", None) or ["full_attention"] * L)
@@ -385,6 +391,14 @@ class TranscriptEncoder:
     @property
     def tokenizer(self):
         return self._tok
+
+    @property
+    def pooling(self) -> Pooling:
+        return self._pooling
+
+    @property
+    def max_tokens(self) -> int:
+        return self._max_tokens
 
     @property
     def _h_blocks(self) -> int:

@@ -183,7 +183,7 @@ def extract_code(text: str, entry_point: str | None = None) -> str:
                 break
             body.append(lines[j])
             j += 1
-        blocks.append((lang, "\n".join(body)))
+        blocks.append((lang, "\n".join(body).strip("\n")))
         i = j + 1
     if not blocks:
         return text.strip("\n")

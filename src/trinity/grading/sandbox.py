@@ -227,6 +227,9 @@ class Sandbox:
             "MKL_NUM_THREADS": "1",
             "NUMEXPR_MAX_THREADS": "1",
             "TF_CPP_MIN_LOG_LEVEL": "3",
+            # glibc reserves 64 MB of address space per malloc arena (one per thread, up to 8 per
+            # core): under RLIMIT_AS that would fail threaded programs that use little memory.
+            "MALLOC_ARENA_MAX": "2",
         }
         for k in _PASSTHROUGH_ENV:
             if k in os.environ:
@@ -606,6 +609,28 @@ def _rss_bytes(pids: Sequence[int]) -> int:
     return total
 
 
+def _open_ns_init(info: bytes, bwrap_pid: int) -> int | None:
+    """A pidfd for the namespace init that bwrap reported on --info-fd, once it is verifiably
+    bwrap's child (so a reused pid can never be signalled)."""
+    try:
+        pid = int(json.loads(info.decode())["child-pid"])
+    except (ValueError, KeyError, UnicodeDecodeError):
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            ppid = next((int(line.split()[1]) for line in f if line.startswith("PPid:")), -1)
+    except OSError:
+        ppid = -1
+    if ppid != bwrap_pid:
+        os.close(fd)
+        return None
+    return fd
+
+
 def _supervise(sb: Sandbox, argv: list[str], stdin: bytes, timeout: float, *, pass_fds: tuple[int, ...],
                info_r: int | None, info_w: int | None, bwrap: bool, env: dict[str, str] | None = None,
                cwd: str | None = None) -> SandboxResult:
@@ -613,13 +638,15 @@ def _supervise(sb: Sandbox, argv: list[str], stdin: bytes, timeout: float, *, pa
     # bubblewrap itself gets a minimal environment: its /proc/<pid>/environ is visible inside.
     outer_env = env if env is not None else {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
-        env=outer_env, cwd=cwd, start_new_session=True, close_fds=True,
-    )
-    if info_w is not None:
-        os.close(info_w)  # our copy; bwrap keeps its own
-    ns_init: int | None = None
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
+            env=outer_env, cwd=cwd, start_new_session=True, close_fds=True,
+        )
+    finally:
+        if info_w is not None:
+            os.close(info_w)  # our copy; bwrap keeps its own
+    ns_init: int | None = None  # a pidfd of the sandbox's PID-namespace init (immune to pid reuse)
     info_buf = b""
     bufs = {"stdout": bytearray(), "stderr": bytearray()}
     truncated = {"stdout": False, "stderr": False}
@@ -648,7 +675,7 @@ def _supervise(sb: Sandbox, argv: list[str], stdin: bytes, timeout: float, *, pa
         if ns_init is not None:
             # SIGKILL to a PID namespace's init takes down every process of the namespace.
             try:
-                os.kill(ns_init, signal.SIGKILL)
+                signal.pidfd_send_signal(ns_init, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         else:
@@ -710,10 +737,7 @@ def _supervise(sb: Sandbox, argv: list[str], stdin: bytes, timeout: float, *, pa
             if name == "info":
                 info_buf += chunk
                 if ns_init is None:
-                    try:
-                        ns_init = int(json.loads(info_buf.decode())["child-pid"])
-                    except (ValueError, KeyError):
-                        pass
+                    ns_init = _open_ns_init(info_buf, proc.pid)
                 continue
             buf = bufs[name]
             room = cap - len(buf)
@@ -733,6 +757,8 @@ def _supervise(sb: Sandbox, argv: list[str], stdin: bytes, timeout: float, *, pa
         proc.wait()
     wall = time.monotonic() - t0
     sel.close()
+    if ns_init is not None:
+        os.close(ns_init)
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         try:
             pipe.close()

@@ -1,0 +1,110 @@
+"""MT-Bench grading by an LLM judge, with FastChat's own judge prompts (single-v1, single-math-v1 with a
+reference answer, and their multi-turn variants), read from the benchmark directory.
+
+The judge is any pool member (`ChatModel`): an API model through the OpenAI-compatible backend, or a local
+one. The score is parsed from "[[x]]" (FastChat's pattern, then its "[x]" fallback). A judge that fails or
+gives no parseable rating is recorded as a failure with its reason — never guessed.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from trinity.pool.base import ChatModel
+from trinity.records import ChatMessage, SamplingParams, Task
+
+NEED_REF_CATEGORIES = frozenset({"math", "reasoning", "coding"})
+_SCORE = re.compile(r"\[\[(\d+\.?\d*)\]\]")
+_SCORE_BACKUP = re.compile(r"\[(\d+\.?\d*)\]")
+
+
+class JudgeError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class JudgePrompt:
+    name: str
+    system_prompt: str
+    prompt_template: str
+
+
+@dataclass(frozen=True)
+class JudgeVerdict:
+    task_id: str
+    turn: int
+    prompt_name: str
+    score: float | None
+    """1-10, or None when the judge failed (see error)."""
+    raw: str
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.score is not None
+
+
+def load_judge_prompts(root: str | Path) -> dict[str, JudgePrompt]:
+    path = Path(root) / "mt_bench" / "lm-sys_FastChat" / "judge_prompts.jsonl"
+    if not path.exists():
+        raise JudgeError(f"{path}: judge prompts file not found")
+    prompts = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            prompts[d["name"]] = JudgePrompt(d["name"], d["system_prompt"], d["prompt_template"])
+        except (json.JSONDecodeError, KeyError) as e:
+            raise JudgeError(f"{path}: line {n}: malformed judge prompt ({e})") from None
+    for need in ("single-v1", "single-math-v1", "single-v1-multi-turn", "single-math-v1-multi-turn"):
+        if need not in prompts:
+            raise JudgeError(f"{path}: judge prompt {need!r} missing")
+    return prompts
+
+
+def parse_score(text: str) -> float | None:
+    m = _SCORE.search(text) or _SCORE_BACKUP.search(text)
+    if not m:
+        return None
+    score = float(m.group(1))
+    return score if 0 <= score <= 10 else None
+
+
+class MTBenchJudge:
+    def __init__(self, judge: ChatModel, prompts: dict[str, JudgePrompt], max_tokens: int = 1024):
+        self.judge = judge
+        self.prompts = prompts
+        # FastChat judges with temperature 0
+        self.sampling = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens, seed=0)
+
+    def messages(self, task: Task, answers: Sequence[str], turn: int) -> tuple[str, list[ChatMessage]]:
+        """The judge prompt for `turn` (1 or 2) of an MT-Bench task answered with `answers`."""
+        if task.grader != "judge" or len(task.prompt) != 2:
+            raise JudgeError(f"{task.id}: not an MT-Bench two-turn task")
+        if turn not in (1, 2) or len(answers) < turn:
+            raise JudgeError(f"{task.id}: turn {turn} needs {turn} answer(s), got {len(answers)}")
+        needs_ref = task.metadata.get("category") in NEED_REF_CATEGORIES
+        ref = task.metadata.get("reference") or []
+        if needs_ref and len(ref) < turn:
+            raise JudgeError(f"{task.id}: category {task.metadata.get('category')!r} needs a reference answer")
+        name = ("single-math-v1" if needs_ref else "single-v1") + ("-multi-turn" if turn == 2 else "")
+        p = self.prompts[name]
+        fields = {"question": task.prompt[0], "answer": answers[0], "question_1": task.prompt[0],
+                  "question_2": task.prompt[1], "answer_1": answers[0], "answer_2": answers[1] if turn == 2 else ""}
+        if needs_ref:
+            fields |= {"ref_answer_1": ref[0], "ref_answer_2": ref[1] if len(ref) > 1 else ""}
+        return name, [ChatMessage("system", p.system_prompt), ChatMessage("user", p.prompt_template.format(**fields))]
+
+    async def judge_turn(self, task: Task, answers: Sequence[str], turn: int) -> JudgeVerdict:
+        name, msgs = self.messages(task, answers, turn)
+        resp = await self.judge.chat(msgs, self.sampling)
+        if not resp.ok:
+            return JudgeVerdict(task.id, turn, name, None, resp.text, f"judge call failed: {resp.error}")
+        score = parse_score(resp.text)
+        if score is None:
+            return JudgeVerdict(task.id, turn, name, None, resp.text, "no [[rating]] in the judge's reply")
+        return JudgeVerdict(task.id, turn, name, score, resp.text)
