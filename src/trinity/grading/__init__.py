@@ -28,7 +28,8 @@ def grade(task: Task, answer_text: str | None) -> float:
         return float(grade_code(task, answer_text))
     if task.grader == "judge":
         raise NotImplementedError(
-            f"task {task.id}: MT-Bench judging (trinity.grading.judge) is not implemented yet"
+            f"task {task.id}: MT-Bench answers are scored by an LLM judge over both turns, not by grade(); "
+            "use trinity.grading.judge.MTBenchJudge with a judge model from your pool"
         )
     raise ValueError(f"task {task.id}: unknown grader {task.grader!r}")
 

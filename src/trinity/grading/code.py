@@ -228,6 +228,16 @@ def _with_prefix(prefix: str, code: str, entry: str | None, *, needs_pass: bool)
 _HARNESS = r'''
 import os, sys, io, json, types, traceback, builtins
 
+def _summary(trace):
+    """The exception line of a formatted traceback, plus a little of its message."""
+    import re
+    lines = trace.strip().splitlines() or ["?"]
+    pat = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Warning|Failure|Interrupt)\b")
+    at = max((i for i, l in enumerate(lines) if pat.match(l)), default=len(lines) - 1)
+    rest = [l.strip() for l in lines[at + 1:] if l.strip() and set(l.strip()) != {"*"}]
+    return " ".join([lines[at].strip()] + rest[:2])[:300]
+
+
 def _main():
     raw = sys.stdin.buffer.readline()
     payload = json.loads(sys.stdin.buffer.read().decode("utf-8"))
@@ -239,6 +249,11 @@ def _main():
     class _Sink(io.StringIO):
         def write(self, s):
             return len(s)
+
+    def source(name, text):
+        import linecache
+        linecache.cache[name] = (len(text), None, text.splitlines(True), name)  # lines in tracebacks
+        return compile(text, name, "exec")
 
     def passed():
         os.write(out_fd, ("\n%s %s\n" % (payload["marker"], nonce)).encode())
@@ -254,12 +269,12 @@ def _main():
             ns = {"__name__": "__solution__", "__builtins__": builtins}
             sys.stdout = _Sink()
             sys.stderr = _Sink()
-            exec(compile(payload["solution"], "solution.py", "exec"), ns)
+            exec(source("solution.py", payload["solution"]), ns)
             if mode == "humaneval":
-                exec(compile(payload["tests"], "tests.py", "exec"), ns)
+                exec(source("tests.py", payload["tests"]), ns)
                 ns["check"](ns[payload["entry_point"]])
             elif mode == "assert":
-                exec(compile(payload["tests"], "tests.py", "exec"), ns)
+                exec(source("tests.py", payload["tests"]), ns)
             else:
                 if "Solution" not in ns:
                     fail("no class Solution defined")
@@ -283,21 +298,23 @@ def _main():
             builtins.quit = None
             sys.stdout = _Sink()
             sys.stderr = _Sink()
-            exec(compile(payload["solution"] + "\n" + payload["tests"], "__test__.py", "exec"), mod.__dict__)
+            exec(source("__test__.py", payload["solution"] + "\n" + payload["tests"]), mod.__dict__)
             sys.modules["__test__"] = mod
             suite = unittest.TestLoader().loadTestsFromTestCase(mod.TestCases)
             result = unittest.TestResult()
             suite.run(result)
             issues = result.failures + result.errors
             if issues:
-                fail("; ".join("%s: %s" % (t.id().split(".")[-1], (tr.strip().splitlines() or ["?"])[-1][:300])
-                               for t, tr in issues))
+                fail("; ".join("%s: %s" % (t.id().split(".")[-1], _summary(tr)) for t, tr in issues))
             passed()
         else:
             fail("unknown harness mode %r" % (mode,))
     except BaseException as e:
         tb = traceback.format_exception(type(e), e, e.__traceback__)
-        fail("".join(tb[-3:]) if tb else repr(e))
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != __file__]
+        where = ("%s:%s %s | " % (frames[-1].filename, frames[-1].lineno, (frames[-1].line or "")[:120])
+                 if frames else "")
+        fail(where + _summary("".join(tb)))
 
 _main()
 '''
@@ -318,10 +335,13 @@ def _verdict(r: SandboxResult, nonce: str) -> CodeVerdict:
     return CodeVerdict(False, _reason(r), r.wall_s)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def _reason(r: SandboxResult) -> str:
     if r.killed_reason:
         return f"killed: {r.killed_reason} after {r.wall_s:.1f}s"
-    err = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    err = [ln for ln in _ANSI.sub("", r.stderr).strip().splitlines() if ln.strip()]
     tail = " | ".join(err[-2:]) if err else ""
     if r.exit_code == 0:
         return "exited before the tests finished" + (f": {tail}" if tail else "")

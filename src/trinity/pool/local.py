@@ -59,6 +59,10 @@ class LocalChatModel:
         llm, lock = load_llama(self.path, self.member.n_ctx, self.member.n_threads)
         t0 = time.perf_counter()
         with lock:
+            # Evaluate every prompt from a clean context: reusing the previous call's KV prefix changes the
+            # batch layout and, through float rounding, can change a sampled token. A stored response must
+            # be exactly what a fresh process would produce (resume = uninterrupted run).
+            llm.reset()
             if self.completion_style:
                 out = llm.create_completion(
                     completion_prompt(messages), max_tokens=sampling.max_tokens, temperature=sampling.temperature,
