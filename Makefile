@@ -41,7 +41,7 @@ $(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.s
 	touch $@
 
 run: setup
-	$(VENV)/bin/dvc repro
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro
 	@echo; cat reports/summary.md
 
 test: setup

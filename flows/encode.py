@@ -11,7 +11,7 @@ from trinity.config import load_settings
 from trinity.tracking import StageRun
 
 
-@flow(name="trinity-encode", log_prints=True)
+@flow(name="trinity-encode")
 def encode_flow(params: str = "params.yaml") -> dict:
     settings = load_settings(params if os.path.isabs(params) else ROOT / params)
     with StageRun(settings, "encode", root=ROOT) as run:

@@ -12,7 +12,7 @@ from prepare import prepare_flow
 from report import report_flow
 
 
-@flow(name="trinity-pipeline", log_prints=True)
+@flow(name="trinity-pipeline")
 def pipeline_flow(params: str = "params.yaml") -> dict:
     out = {}
     for name, fl in [("prepare", prepare_flow), ("encode", encode_flow), ("evolve", evolve_flow),

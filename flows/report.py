@@ -11,7 +11,7 @@ from trinity.config import load_settings
 from trinity.tracking import StageRun
 
 
-@flow(name="trinity-report", log_prints=True)
+@flow(name="trinity-report")
 def report_flow(params: str = "params.yaml") -> dict:
     settings = load_settings(params if os.path.isabs(params) else ROOT / params)
     with StageRun(settings, "report", root=ROOT) as run:

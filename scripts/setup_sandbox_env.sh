@@ -14,7 +14,8 @@
 #   VENV_DIR defaults to $TRINITY_SANDBOX_VENV, else ${XDG_CACHE_HOME:-~/.cache}/trinity/sandbox-venv.
 #   PYTHON=/path/to/python3.10 overrides the interpreter search.
 # Idempotent: a venv whose stamp matches this script (its hash) and interpreter is left as it is.
-# System packages some tasks need (Debian): bubblewrap (the sandbox itself), tesseract-ocr (pytesseract).
+# System package the sandbox itself needs (Debian): bubblewrap. (The one Hard task that imports pytesseract
+# mocks it; no tesseract binary is needed.)
 set -euo pipefail
 
 VENV="${1:-${TRINITY_SANDBOX_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/trinity/sandbox-venv}}"

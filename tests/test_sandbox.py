@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,25 @@ def test_missing_bubblewrap_raises_clear_error(monkeypatch):
     assert Sandbox().mode() == "weak"
     r = Sandbox(timeout_s=1).run("import time; time.sleep(30)")
     assert r.timed_out
+    # A daemon that left the process group is found by the run's token and killed.
+    mark = f"weak-daemon-{os.getpid()}-{time.time_ns()}"
+    r = Sandbox(timeout_s=5, env=(("TEST_MARK", mark),)).run(
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nelse:\n    time.sleep(0.3)")
+    assert r.ok, r.stderr
+    time.sleep(0.3)
+    assert _live_processes_with(mark) == []
+
+
+def _live_processes_with(text: str) -> list[int]:
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and text.encode() in Path(f"/proc/{d}/environ").read_bytes():
+                if Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(d))
+        except OSError:
+            pass
+    return found
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the weak mode isolates the network only as root")

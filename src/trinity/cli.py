@@ -12,7 +12,7 @@ def _ask(args) -> int:
     from trinity import stages
     from trinity.config import load_settings
     from trinity.coordinator.episode import Episode, StateCache, play_episodes
-    from trinity.coordinator.head import HeadShape
+    from trinity.evaluation import policy_from_params
     from trinity.evolve.sep_cma import load_checkpoint
     from trinity.pool.runtime import build_pool
     from trinity.records import Task
@@ -28,10 +28,11 @@ def _ask(args) -> int:
         if [p["name"] for p in meta["pool"]] != pool.names:
             print(f"checkpoint pool {[p['name'] for p in meta['pool']]} != params pool {pool.names}", file=sys.stderr)
             return 2
-        W = HeadShape(len(pool), encoder.dim).unflatten(params)
+        states = StateCache(encoder, store)
+        delta, W = policy_from_params(settings, params, len(pool), states)
         ep = Episode(task=task, candidate=0, rng=None)
-        asyncio.run(play_episodes([ep], [W], pool, StateCache(encoder, store), settings.coordinator.max_turns,
-                                  settings.reward, lambda t, a: 0.0))
+        asyncio.run(play_episodes([ep], [W], pool, states, settings.coordinator.max_turns, settings.reward,
+                                  lambda t, a: 0.0, adapters=None if delta is None else [delta]))
     for i, t in enumerate(ep.turns):
         print(f"--- turn {i + 1}: {t.role.value} ({t.model})\n{t.text}\n", file=sys.stderr)
     if ep.verifier_first:
@@ -60,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="answer format the Worker is asked for")
     a.add_argument("--params", default="params.yaml")
     a.add_argument("--root", default=".", help="project directory holding data/")
-    s = sub.add_parser("stage", help="run one pipeline stage without Prefect/W&B")
-    s.add_argument("name", choices=["prepare", "encode", "evolve", "evaluate", "report"])
+    s = sub.add_parser("stage", help="run one pipeline stage without W&B (and without Prefect, unless "
+                                      "evolve.task_runner is 'dask')")
+    s.add_argument("name", choices=["prepare", "encode", "evolve", "evaluate", "report", "ablation"])
     s.add_argument("--params", default="params.yaml")
     s.add_argument("--root", default=".")
     c = sub.add_parser("check-graders", help="canonical solutions through the graders; one JSON line per benchmark")

@@ -101,6 +101,9 @@ class CoordinatorSettings(_Section):
     thinker_max_tokens: int = 160
     verifier_max_tokens: int = 48
     """Role caps on a member's max_tokens: a suggestion or a verdict needs far fewer tokens than a solution."""
+    svf_layer: int | None = None
+    """Train SVF scales of this encoder block (negative counts from the end) along with the head: the flat
+    parameter vector becomes [δ…, head…]. None = head only (the paper's default)."""
 
 
 class RewardSettings(_Section):
@@ -115,18 +118,42 @@ class RewardSettings(_Section):
 
 
 class EvolveSettings(_Section):
+    method: Literal["sep_cma", "reinforce", "random_search"] = "sep_cma"
+    """The optimiser: sep-CMA-ES (the paper's), or one of the baselines of its ablation, which play the same
+    episode budget (generations x popsize x episodes_per_candidate) on the same tasks."""
     seed: int = 0
     generations: int = 3
     sigma0: float = 0.03
+    """Initial step size of sep-CMA-ES; the (fixed) perturbation scale of random search."""
     popsize: int | None = None
-    """None → pycma's default ⌈4 + 3 ln n⌉."""
+    """None → pycma's default ⌈4 + 3 ln n⌉ (for every method: it sets the episode budget)."""
     episodes_per_candidate: int = 4
     """Tasks drawn per generation (seeded); every candidate plays each of them once."""
+    reinforce_lr: float = 0.001
+    """Adam step size of the REINFORCE baseline."""
+    task_runner: Literal["threads", "dask"] = "threads"
+    """Where never-seen nodes are expanded (the pool calls of one turn across the whole population) when
+    the run is orchestrated by Prefect: its ThreadPoolTaskRunner, or prefect-dask's DaskTaskRunner on a
+    LocalCluster of worker processes. Runtime only: it never changes results."""
+    dask_workers: int = 2
+    """LocalCluster worker processes (each loads the local models it is asked for once)."""
+    dask_threads_per_worker: int = 1
 
-    @field_validator("sigma0", mode="before")
+    @field_validator("sigma0", "reinforce_lr", mode="before")
     @classmethod
     def _int_is_float(cls, v):
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _check_positive(self):
+        if self.generations < 0:
+            raise ValueError(f"evolve.generations must be >= 0, got {self.generations}")
+        for k in ("episodes_per_candidate", "dask_workers", "dask_threads_per_worker"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"evolve.{k} must be >= 1, got {getattr(self, k)}")
+        if self.popsize is not None and self.popsize < 2:
+            raise ValueError(f"evolve.popsize must be >= 2 (or null), got {self.popsize}")
+        return self
 
 
 class EvaluateSettings(_Section):

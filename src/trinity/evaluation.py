@@ -14,7 +14,7 @@ import numpy as np
 
 from trinity.config import Settings
 from trinity.coordinator.episode import Episode, StateCache, episode_rng, play_episodes
-from trinity.coordinator.head import HeadShape
+from trinity.coordinator.head import HeadShape, ParamLayout
 from trinity.coordinator.roles import Role, role_messages
 from trinity.records import Task
 
@@ -51,14 +51,23 @@ def _episode_rows(eps: Sequence[Episode]) -> list[dict]:
              "answer": next((t.text for t in reversed(e.turns) if t.role is Role.WORKER), None)} for e in eps]
 
 
+def policy_from_params(settings: Settings, params: np.ndarray, n_models: int, states: StateCache):
+    """(SVF scales or None, head W) of a trained parameter vector, laid out as in training."""
+    n_svf = int(getattr(states.encoder, "svf_num_params", 0)) if settings.coordinator.svf_layer is not None else 0
+    return ParamLayout(HeadShape(n_models=n_models, dim=states.dim), n_svf).split(params)
+
+
 def evaluate(settings: Settings, params: np.ndarray, tasks: Sequence[Task], pool, states: StateCache,
-             grade: Callable[[Task, str], float]) -> list[MethodResult]:
-    shape = HeadShape(n_models=len(pool), dim=states.dim)
-    W = shape.unflatten(params)
+             grade: Callable[[Task, str], float], methods: Sequence[str] | None = None) -> list[MethodResult]:
+    """methods: a subset of ["trinity", "alone:<name>"..., "random-routing"] (default: all)."""
+    delta, W = policy_from_params(settings, params, len(pool), states)
+    adapters = None if delta is None else [delta]
     ev = settings.evaluate
     results = []
 
     def run(method, coro_factory):
+        if methods is not None and method not in methods:
+            return
         c0, cost0 = pool.stats.calls_made, pool.stats.cost_usd
         rows = coro_factory()
         results.append(_summarise(method, rows, pool.stats.calls_made - c0, pool.stats.cost_usd - cost0))
@@ -66,7 +75,8 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: Sequence[Task], pool
     def trinity():
         sample = settings.coordinator.policy_eval == "sample"
         eps = [Episode(task=t, candidate=0, rng=episode_rng(ev.seed, "eval", t.id) if sample else None) for t in tasks]
-        asyncio.run(play_episodes(eps, [W], pool, states, settings.coordinator.max_turns, settings.reward, grade))
+        asyncio.run(play_episodes(eps, [W], pool, states, settings.coordinator.max_turns, settings.reward, grade,
+                                  adapters=adapters))
         return _episode_rows(eps)
 
     run("trinity", trinity)
@@ -76,7 +86,7 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: Sequence[Task], pool
     def random_routing():
         eps = [Episode(task=t, candidate=0, rng=episode_rng(ev.random_routing_seed, "random", t.id)) for t in tasks]
         asyncio.run(play_episodes(eps, [np.zeros_like(W)], pool, states, settings.coordinator.max_turns,
-                                  settings.reward, grade))
+                                  settings.reward, grade, adapters=adapters))
         return _episode_rows(eps)
 
     run("random-routing", random_routing)

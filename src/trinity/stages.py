@@ -39,6 +39,8 @@ class Paths:
     def exports(self) -> Path: return self.data / "exports"
     @property
     def reports(self) -> Path: return self.root / "reports"
+    @property
+    def ablation_dir(self) -> Path: return self.data / "ablation"
 
 
 def _write_json(path: Path, obj) -> None:
@@ -51,7 +53,8 @@ def _write_json(path: Path, obj) -> None:
 def make_encoder(settings: Settings):
     from trinity.coordinator.encoder import TranscriptEncoder
 
-    return TranscriptEncoder(settings.coordinator.encoder, max_tokens=settings.coordinator.max_encode_tokens)
+    return TranscriptEncoder(settings.coordinator.encoder, max_tokens=settings.coordinator.max_encode_tokens,
+                             svf_layer=settings.coordinator.svf_layer)
 
 
 def _role_caps(settings: Settings) -> dict[str, int]:
@@ -119,10 +122,51 @@ def encode(settings: Settings, paths: Paths = Paths()) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ evolve
+def _generation_logger(tracker, pool_names: list[str], prefix: str = "", step: bool = True):
+    """W&B per generation: fitness (best/mean), step size, accuracy, model and role usage (every member and
+    role, zeros included, so the curves have no gaps), model-choice entropy, new calls, store hits (and the
+    hit rate), calls per episode, states encoded, cost; running totals of calls and cost."""
+    totals = {"calls": 0, "cost_usd": 0.0}
+
+    def on_generation(rec) -> None:
+        totals["calls"] += rec.calls_made
+        totals["cost_usd"] += rec.cost_usd
+        metrics = {k: v for k, v in asdict(rec).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        metrics |= {f"model_usage/{k}": rec.model_usage.get(k, 0) for k in pool_names}
+        metrics |= {f"role_usage/{k}": v for k, v in rec.role_usage.items()}
+        lookups = rec.calls_made + rec.store_hits
+        metrics |= {"store_hit_rate": rec.store_hits / lookups if lookups else 1.0,
+                    "calls_total": totals["calls"], "cost_usd_total": totals["cost_usd"]}
+        if tracker is not None:
+            tracker.log({f"{prefix}{k}": v for k, v in metrics.items()}, step=rec.generation if step else None)
+        print(f"[{prefix or 'evolve/'}{rec.method}] gen {rec.generation}: best {rec.best_fitness:.3f} "
+              f"mean {rec.mean_fitness:.3f} step {rec.sigma:.4g} calls {rec.calls_made} hits {rec.store_hits} "
+              f"({rec.wall_s:.1f}s)", flush=True)
+
+    return on_generation
+
+
+def _train(settings: Settings, train, pool, states, store, *, resume_path: Path, run_id: str, on_generation,
+           trees=None):
+    """The training loop of `settings.evolve.method`, its never-seen nodes expanded on the configured engine."""
+    from trinity.evolve.engine import run_expanding
+    from trinity.evolve.sep_cma import evolve as run_es
+
+    return run_expanding(
+        lambda: run_es(settings, train, pool, states, _grade(), resume_path=resume_path, on_generation=on_generation,
+                       run_id=run_id, store=store, trees=trees),
+        settings, pool, name=f"trinity-expand-{settings.evolve.method.replace('_', '-')}")
+
+
+def _reset_adapter(states, layout) -> None:
+    """Back to δ = 0 (the base encoder id) after SVF training evaluated its candidates' adapters."""
+    if layout is not None and layout.n_svf:
+        states.set_adapter(np.zeros(layout.n_svf, dtype=np.float32))
+
+
 def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     from trinity.coordinator.episode import StateCache
-    from trinity.coordinator.head import HeadShape
-    from trinity.evolve.sep_cma import evolve as run_es, save_checkpoint
+    from trinity.evolve.sep_cma import save_checkpoint
     from trinity.pool.errors import check_pool_config
     from trinity.pool.runtime import build_pool
     from trinity.store import Store
@@ -134,22 +178,16 @@ def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     with Store(paths.store) as store:
         pool = build_pool(settings.pool, store, _role_caps(settings))
         states = StateCache(encoder, store)
-
-        def on_generation(rec):
-            if tracker is not None:
-                tracker.log({k: v for k, v in asdict(rec).items() if not isinstance(v, dict)}
-                            | {f"model_usage/{k}": v for k, v in rec.model_usage.items()}
-                            | {f"role_usage/{k}": v for k, v in rec.role_usage.items()}, step=rec.generation)
-            print(f"[evolve] gen {rec.generation}: best {rec.best_fitness:.3f} mean {rec.mean_fitness:.3f} "
-                  f"sigma {rec.sigma:.4f} calls {rec.calls_made} hits {rec.store_hits} ({rec.wall_s:.0f}s)", flush=True)
-
-        result = run_es(settings, train, pool, states, _grade(), resume_path=paths.data / "store" / "evolve_state.pkl",
-                        on_generation=on_generation, run_id=f"evolve-{settings.params_hash()[:12]}", store=store)
-        shape = HeadShape(len(pool), states.dim)
+        result = _train(settings, train, pool, states, store, resume_path=paths.data / "store" / "evolve_state.pkl",
+                        run_id=f"evolve-{settings.params_hash()[:12]}",
+                        on_generation=_generation_logger(tracker, pool.names))
+        layout = result.layout
+        _reset_adapter(states, layout)
         meta = {
             "pool": [{"name": m.name, "model_id": m.model_id} for m in pool.members],
-            "encoder": encoder.encoder_id, "dim": int(states.dim), "head_shape": [shape.n_models + 3, shape.dim],
-            "n_params": shape.n_params, "seed": settings.evolve.seed, "params_hash": settings.params_hash(),
+            "encoder": encoder.encoder_id, "dim": int(states.dim), **layout.describe(),
+            "svf_layer": settings.coordinator.svf_layer, "method": settings.evolve.method,
+            "seed": settings.evolve.seed, "params_hash": settings.params_hash(),
             "params_file": settings.source_path, "generations": settings.evolve.generations,
             "best_fitness": result.best_fitness, "final_mean_fitness": result.history[-1].mean_fitness if result.history else None,
             "train_tasks": [t.id for t in train],
@@ -159,7 +197,7 @@ def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
         _write_json(paths.evolve_dir / "history.json", history)
         metrics = {"best_fitness": result.best_fitness, "generations": len(history),
                    "calls_made": pool.stats.calls_made, "store_hits": pool.stats.store_hits,
-                   "n_params": shape.n_params}
+                   "n_params": layout.n_params, "svf_params": layout.n_svf}
         _write_json(paths.evolve_dir / "metrics.json", metrics)
     return metrics
 
@@ -203,6 +241,19 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ report
+_METHOD_NAMES = {"sep_cma": "sep-CMA-ES", "reinforce": "REINFORCE", "random_search": "random search"}
+
+
+def _param_sentence(meta: dict) -> str:
+    rows, d = meta["head_shape"]
+    head = f"head {rows} x {d} = {rows * d} parameters"
+    n_svf = meta.get("svf_params") or 0
+    if not n_svf:
+        return head
+    return (f"{head} + {n_svf} SVF scales of encoder block {meta.get('svf_layer')} (one per singular value of "
+            f"each of its linear layers) = {meta['n_params']} parameters")
+
+
 def report(settings: Settings, paths: Paths = Paths()) -> Path:
     from trinity.store import Store
 
@@ -213,8 +264,8 @@ def report(settings: Settings, paths: Paths = Paths()) -> Path:
         "# Trinity — held-out evaluation", "",
         f"Held-out: {', '.join(res['heldout'])} ({res['n_items']} items, never used in training). "
         f"Pool: {', '.join(p['name'] for p in meta['pool'])}. Coordinator encoder: `{meta['encoder']}`, "
-        f"head {meta['head_shape'][0]} x {meta['head_shape'][1]} = {meta['n_params']} parameters, "
-        f"{meta['generations']} generations of sep-CMA-ES (seed {meta['seed']}).", "",
+        f"{_param_sentence(meta)}, {meta['generations']} generations of "
+        f"{_METHOD_NAMES.get(meta.get('method', 'sep_cma'), meta.get('method'))} (seed {meta['seed']}).", "",
         "| method | accuracy | items | mean turns | LLM calls (new) | cost (USD) |",
         "|---|---|---|---|---|---|",
     ]
@@ -235,3 +286,166 @@ def report(settings: Settings, paths: Paths = Paths()) -> Path:
     with Store(paths.store) as store:
         store.export_parquet(paths.exports)
     return out
+
+
+# ------------------------------------------------------------------------------------------ ablation
+ABLATION_METHODS = ("sep_cma", "reinforce", "random_search")
+FINAL_FITNESS_SAMPLES = 4
+"""Seeded sampled episodes per training task when scoring each method's final parameters."""
+
+
+def _entropy(counts) -> float:
+    c = np.asarray([v for v in counts if v], dtype=np.float64)
+    if not len(c):
+        return 0.0
+    p = c / c.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def ablation(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
+    """The paper's optimiser ablation on our pool: sep-CMA-ES vs REINFORCE vs random search, each trained with
+    `evolve.*` (same tasks, minibatches, episode seeds and episode budget), then scored the same way:
+
+    - final fitness: mean shaped reward of the final parameters over every training task,
+      FINAL_FITNESS_SAMPLES seeded sampled episodes each (the training policy);
+    - held-out accuracy: argmax policy on the held-out tasks (as the evaluate stage scores `trinity`);
+    - model-choice entropy: entropy (nats) of the model picks over all held-out turns (0 = one model only).
+
+    The methods share the store and the memoised trees, so whatever one method paid for, the others reuse.
+    Writes data/ablation/results.json and reports/ablation.md.
+    """
+    import asyncio
+
+    from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, play_episodes
+    from trinity.evolve.sep_cma import param_layout
+    from trinity.pool.errors import check_pool_config
+    from trinity.pool.runtime import build_pool
+    from trinity.store import Store
+
+    check_pool_config(settings.pool)
+    train, heldout = _load_tasks(paths)
+    encoder = make_encoder(settings)
+    grade = _grade()
+    ev, co = settings.evolve, settings.coordinator
+    rows = []
+    t_all = time.perf_counter()
+    with Store(paths.store) as store:
+        pool = build_pool(settings.pool, store, _role_caps(settings))
+        states = StateCache(encoder, store)
+        trees = RolloutTrees()
+        layout = param_layout(settings, len(pool), states)
+
+        def play(eps, delta, W):
+            asyncio.run(play_episodes(eps, [W], pool, states, co.max_turns, settings.reward, grade,
+                                      adapters=None if delta is None else [delta], trees=trees))
+
+        for method in ABLATION_METHODS:
+            s = settings.model_copy(update={"evolve": ev.model_copy(update={"method": method})})
+            row: dict = {"method": method}
+            if method == "reinforce" and layout.n_svf:
+                row["skipped"] = "REINFORCE trains the head only; coordinator.svf_layer is set"
+                rows.append(row)
+                continue
+            t0, calls0 = time.perf_counter(), pool.stats.calls_made
+            result = _train(s, train, pool, states, store,
+                            resume_path=paths.data / "store" / f"ablation_{method}_state.pkl",
+                            run_id=f"ablation-{method}-{s.params_hash()[:12]}",
+                            on_generation=_generation_logger(tracker, pool.names, prefix=f"{method}/", step=False),
+                            trees=trees)
+            train_calls = pool.stats.calls_made - calls0
+            delta, W = layout.split(result.params)
+            calls1 = pool.stats.calls_made
+            fin = [Episode(task=t, candidate=0, rng=episode_rng(ev.seed, "ablation-final", k, t.id))
+                   for k in range(FINAL_FITNESS_SAMPLES) for t in train]
+            play(fin, delta, W)
+            held = [Episode(task=t, candidate=0, rng=None) for t in heldout]
+            play(held, delta, W)
+            usage = dict.fromkeys(pool.names, 0)
+            for e in held:
+                for m, _ in e.picks:
+                    usage[pool.names[m]] += 1
+            h = result.history
+            row.update({
+                "final_fitness": float(np.mean([e.reward for e in fin])),
+                "final_train_accuracy": float(np.mean([e.correct for e in fin])),
+                "heldout_accuracy": float(np.mean([e.correct for e in held])) if held else 0.0,
+                "heldout_model_entropy": _entropy(usage.values()),
+                "heldout_model_usage": usage,
+                "heldout_mean_turns": float(np.mean([len(e.turns) for e in held])) if held else 0.0,
+                "train_episodes": int(sum(r.episodes for r in h)),
+                "train_calls": train_calls, "eval_calls": pool.stats.calls_made - calls1,
+                "best_fitness": result.best_fitness,
+                "last_mean_fitness": h[-1].mean_fitness if h else None,
+                "last_model_entropy": h[-1].model_entropy if h else None,
+                "curve": [{"generation": r.generation, "best": r.best_fitness, "mean": r.mean_fitness,
+                           "step": r.sigma, "calls": r.calls_made} for r in h],
+                "wall_s": round(time.perf_counter() - t0, 2),
+            })
+            rows.append(row)
+        _reset_adapter(states, layout)
+    popsize = ev.popsize
+    if popsize is None:
+        from trinity.evolve.sep_cma import default_popsize
+
+        popsize = default_popsize(layout.n_params)
+    out = {
+        "methods": rows, "train_tasks": len(train), "heldout": sorted({t.source for t in heldout}),
+        "n_heldout": len(heldout), "generations": ev.generations, "popsize": popsize,
+        "episodes_per_candidate": ev.episodes_per_candidate,
+        "episode_budget": ev.generations * popsize * min(ev.episodes_per_candidate, len(train)),
+        "final_fitness_samples": FINAL_FITNESS_SAMPLES, **layout.describe(), "seed": ev.seed,
+        "encoder": encoder.encoder_id, "pool": pool.names, "wall_s": round(time.perf_counter() - t_all, 2),
+    }
+    _write_json(paths.ablation_dir / "results.json", out)
+    _write_ablation_report(out, paths.reports / "ablation.md")
+    if tracker is not None:
+        done = [r for r in rows if "skipped" not in r]
+        tracker.table("ablation", ["method", "final_fitness", "heldout_accuracy", "heldout_model_entropy",
+                                   "train_episodes", "train_calls"],
+                      [[r["method"], r["final_fitness"], r["heldout_accuracy"], r["heldout_model_entropy"],
+                        r["train_episodes"], r["train_calls"]] for r in done])
+    return out
+
+
+def _write_ablation_report(res: dict, path: Path) -> None:
+    lines = [
+        "# Trinity — optimiser ablation", "",
+        f"Same head ({res['head_shape'][0]} x {res['head_shape'][1]}"
+        + (f" + {res['svf_params']} SVF scales" if res["svf_params"] else "") + f" = {res['n_params']} parameters), "
+        f"same {res['train_tasks']} training tasks, same minibatches and episode seeds, same budget: "
+        f"{res['generations']} generations x popsize {res['popsize']} x {res['episodes_per_candidate']} tasks "
+        f"= {res['episode_budget']} training episodes per method. Pool: {', '.join(res['pool'])}.", "",
+        "| method | final fitness | train accuracy | held-out accuracy | model-choice entropy (nats) | "
+        "training episodes | new LLM calls (train / eval) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in res["methods"]:
+        name = _METHOD_NAMES.get(r["method"], r["method"])
+        if "skipped" in r:
+            lines.append(f"| {name} | — | — | — | — | — | skipped: {r['skipped']} |")
+            continue
+        lines.append(f"| {name} | {r['final_fitness']:.3f} | {r['final_train_accuracy']:.3f} | "
+                     f"{r['heldout_accuracy']:.3f} | {r['heldout_model_entropy']:.3f} | {r['train_episodes']} | "
+                     f"{r['train_calls']} / {r['eval_calls']} |")
+    lines += [
+        "",
+        f"Final fitness: mean shaped reward of the final parameters (CMA: the distribution mean; REINFORCE: θ; "
+        f"random search: the incumbent) over every training task, {res['final_fitness_samples']} seeded sampled "
+        f"episodes each. Held-out: {', '.join(res['heldout'])} ({res['n_heldout']} items), argmax policy. "
+        "Model-choice entropy: of the model picks over all held-out turns. New LLM calls count only what the "
+        "shared response store did not already hold when the method ran (methods run in the order listed).",
+        "",
+        "Paper (LiveCodeBench): REINFORCE .253 < random search .374 < sep-CMA-ES .615.",
+        "",
+        "## Fitness per generation (mean / best)", "",
+        "| generation | " + " | ".join(_METHOD_NAMES.get(r["method"], r["method"]) for r in res["methods"]) + " |",
+        "|---|" + "---|" * len(res["methods"]),
+    ]
+    for g in range(res["generations"]):
+        cells = []
+        for r in res["methods"]:
+            c = r.get("curve") or []
+            cells.append(f"{c[g]['mean']:.3f} / {c[g]['best']:.3f}" if g < len(c) else "—")
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")

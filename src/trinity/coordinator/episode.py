@@ -8,51 +8,174 @@ one memoised rollout tree per task.
 """
 from __future__ import annotations
 
-import asyncio
+import functools
+import hashlib
+import json
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
 from trinity.config import RewardSettings
-from trinity.coordinator.head import route_probs
-from trinity.coordinator.roles import ROLES, Role, Turn, coordinator_text, latest_answer, make_turn, role_messages
-from trinity.records import Task, stable_hash
+from trinity.coordinator.head import softmax
+from trinity.coordinator.roles import ROLES, Role, Turn, coordinator_text, make_turn, role_messages
+from trinity.records import ChatMessage, Task, stable_hash
 from trinity.store import Store, text_key
 
 
 class StateCache:
-    """Hidden states of transcripts: in memory, then the store, then the encoder (in one batch)."""
+    """Hidden states of transcripts: in memory, then the store, then the encoder (in one batch).
 
-    def __init__(self, encoder, store: Store | None):
+    States are kept per `encoder.encoder_id`. Without SVF that is one id for the whole run. With SVF every
+    candidate's δ is an adapter with its own id (the store keys differ, so a rerun finds them); the
+    in-memory maps of the `max_adapters` most recently used ids are kept, older ones are dropped (their
+    vectors stay in the store).
+    """
+
+    def __init__(self, encoder, store: Store | None, max_adapters: int = 64):
         self.encoder = encoder
         self.store = store
-        self._mem: dict[str, np.ndarray] = {}
+        self.max_adapters = max_adapters
+        self._mems: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
+        self._adapter: bytes | None = None
         self.encoded = 0  # transcripts actually run through the encoder
 
     @property
     def dim(self) -> int:
         return self.encoder.dim
 
+    def _mem(self, encoder_id: str) -> dict[str, np.ndarray]:
+        mem = self._mems.get(encoder_id)
+        if mem is None:
+            mem = self._mems[encoder_id] = {}
+            while len(self._mems) > self.max_adapters + 1:
+                self._mems.popitem(last=False)
+        elif len(self._mems) > 1:
+            self._mems.move_to_end(encoder_id)
+        return mem
+
+    def set_adapter(self, delta: np.ndarray) -> None:
+        """Put the encoder on SVF scales δ (a no-op when it already is)."""
+        d = np.ascontiguousarray(delta, dtype=np.float32)
+        b = d.tobytes()
+        if b != self._adapter:
+            self.encoder.set_svf_delta(d)
+            self._adapter = b
+
     def states(self, texts: Sequence[str]) -> np.ndarray:
-        keys = [text_key(t) for t in texts]
-        missing = [k for k in dict.fromkeys(keys) if k not in self._mem]
+        return self.lookup([text_key(t) for t in texts], texts.__getitem__)
+
+    def lookup(self, keys: Sequence[str], render: Callable[[int], str], adapter: np.ndarray | None = None) -> np.ndarray:
+        """States for transcripts given by key; `render(i)` gives transcript i's text, called only for the
+        ones that must be encoded. `adapter`: SVF scales to encode with (None = the encoder as it is)."""
+        if adapter is not None:
+            self.set_adapter(adapter)
+        enc_id = self.encoder.encoder_id
+        mem = self._mem(enc_id)
+        missing = [k for k in dict.fromkeys(keys) if k not in mem]
         if missing and self.store is not None:
-            self._mem.update(self.store.get_states(self.encoder.encoder_id, missing))
-        todo = {}
-        for k, t in zip(keys, texts):
-            if k not in self._mem:
-                todo.setdefault(k, t)
+            mem.update(self.store.get_states(enc_id, missing))
+        todo: dict[str, str] = {}
+        if missing:
+            for i, k in enumerate(keys):
+                if k not in mem and k not in todo:
+                    todo[k] = render(i)
         if todo:
             vecs = np.asarray(self.encoder.encode(list(todo.values())), dtype=np.float32)
             self.encoded += len(todo)
             if self.store is not None:
-                self.store.put_states(self.encoder.encoder_id, list(todo), vecs)
+                self.store.put_states(enc_id, list(todo), vecs)
             for k, v in zip(todo, vecs):
-                self._mem[k] = v
-        return np.stack([self._mem[k] for k in keys]) if keys else np.zeros((0, self.dim), np.float32)
+                mem[k] = v
+        return np.stack([mem[k] for k in keys]) if len(keys) else np.zeros((0, self.dim), np.float32)
+
+
+def _json_escaped(text: str) -> bytes:
+    """`text` as it appears inside its JSON string literal: the piece of `text_key` input it contributes.
+    JSON escaping is per character, so the escaped form of a concatenation is the concatenation."""
+    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
+
+
+class _Edge:
+    """A (model, role) step out of a node: its request (memoised) and, once answered, its reply."""
+
+    __slots__ = ("model", "role", "messages", "key", "resp", "turn", "child")
+
+    def __init__(self, model: int, role: Role, messages: list[ChatMessage], key: str):
+        self.model, self.role, self.messages, self.key = model, role, messages, key
+        self.resp = self.turn = self.child = None
+
+
+class _Node:
+    """One transcript of a task's rollout tree. Everything a visit needs is computed once per node:
+    the state-store key (extended incrementally from the parent's hash state, never re-rendering the
+    whole transcript), the prompts of each role, the response-store key of each (model, role) edge,
+    and the grade of its latest answer."""
+
+    __slots__ = ("key", "_hasher", "answer", "children", "edges", "_messages", "grades")
+
+    def __init__(self, hasher, answer: str | None):
+        self._hasher = hasher
+        h = hasher.copy()
+        h.update(b'"')
+        self.key = h.hexdigest()
+        self.answer = answer  # the latest ok Worker text on the path (what would be graded)
+        self.children: dict[tuple[Role, str, bool], _Node] = {}
+        self.edges: dict[tuple[int, Role], _Edge] = {}
+        self._messages: dict[Role, list[ChatMessage]] = {}
+        self.grades: dict = {}
+
+    def child(self, turn: Turn) -> "_Node":
+        k = (turn.role, turn.text, turn.ok)
+        c = self.children.get(k)
+        if c is None:
+            h = self._hasher.copy()
+            h.update(_json_escaped(f"\n\n{turn.role.value}: {turn.text}"))
+            answer = turn.text if (turn.role is Role.WORKER and turn.ok) else self.answer
+            c = self.children[k] = _Node(h, answer)
+        return c
+
+    def edge(self, model: int, role: Role, task: Task, turns: tuple[Turn, ...], pool) -> _Edge:
+        e = self.edges.get((model, role))
+        if e is None:
+            msgs = self._messages.get(role)
+            if msgs is None:
+                msgs = self._messages[role] = role_messages(role, task, turns)
+            e = self.edges[(model, role)] = _Edge(model, role, msgs, pool.key(model, msgs, role.value))
+        return e
+
+
+class RolloutTrees:
+    """The memoised rollout trees a population walks: one per task, nodes = transcripts, edges = (model,
+    role). Kept for a whole run (pass the same object to every `play_episodes` call), so a generation on
+    stored trees costs dictionary lookups and matrix products. The request keys it memoises belong to one
+    pool configuration (model ids and sampling); binding another pool starts afresh.
+    """
+
+    def __init__(self):
+        self._roots: dict[Task, _Node] = {}
+        self._pool_signature = None
+
+    def bind(self, pool) -> None:
+        sig = pool.signature() if hasattr(pool, "signature") else id(pool)
+        if sig != self._pool_signature:
+            self._roots.clear()
+            self._pool_signature = sig
+
+    def node(self, task: Task, turns: tuple[Turn, ...] = ()) -> _Node:
+        n = self._roots.get(task)
+        if n is None:
+            h = hashlib.sha256(b'"')
+            h.update(_json_escaped(coordinator_text(task, ())))
+            n = self._roots[task] = _Node(h, None)
+        for t in turns:
+            n = n.child(t)
+        return n
+
+    def __len__(self) -> int:
+        return len(self._roots)
 
 
 @dataclass
@@ -69,15 +192,25 @@ class Episode:
     cost_usd: float = 0.0
     correct: float = 0.0
     reward: float = 0.0
+    features: list[np.ndarray] = field(default_factory=list, repr=False)
+    """With keep_features: the hidden state each pick was made from (for policy gradients)."""
+    forced: list[bool] = field(default_factory=list, repr=False)
+    """With keep_features: whether each pick's role was the Thinker's override (not the head's draw)."""
+    node: _Node | None = field(default=None, repr=False, compare=False)
 
     @property
     def path(self) -> list[list[str]]:
         return [[str(m), r.value] for m, r in self.picks]
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _seed_int(part: str) -> int:
+    return int(stable_hash(part)[:12], 16)
+
+
 def episode_rng(*seed_parts: int | str) -> np.random.Generator:
     """A generator fixed by (seed, generation, candidate, task...): resumable and order-independent."""
-    ints = [int(p) if isinstance(p, int) else int(stable_hash(p)[:12], 16) for p in seed_parts]
+    ints = [int(p) if isinstance(p, int) else _seed_int(p) for p in seed_parts]
     return np.random.default_rng(ints)
 
 
@@ -98,39 +231,107 @@ def shaped_reward(ep: Episode, max_turns: int, w: RewardSettings) -> float:
 
 
 async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray], pool, states: StateCache,
-                        max_turns: int, reward: RewardSettings, grade: Callable[[Task, str], float]) -> None:
-    """Play every episode to the end, in place. `heads[c]` is the (L+3) x d matrix of candidate c."""
+                        max_turns: int, reward: RewardSettings, grade: Callable[[Task, str], float], *,
+                        adapters: Sequence[np.ndarray] | None = None, trees: RolloutTrees | None = None,
+                        keep_features: bool = False) -> None:
+    """Play every episode to the end, in place. `heads[c]` is the (L+3) x d matrix of candidate c.
+
+    adapters: SVF scales per candidate (`adapters[c]`); each candidate's transcripts are then encoded with
+        its own δ (episodes grouped by candidate). None = one encoder for everyone.
+    trees: the run's memoised rollout trees (a fresh one if None: memoisation within this call only).
+    keep_features: record each pick's hidden state in `Episode.features` (REINFORCE needs them).
+
+    One turn = one batch: the states of every active episode (stored ones cost a lookup), one matrix product
+    per candidate, the picks, then every pool request of the turn in one `pool.complete_many` (stored or
+    shared requests cost no call; the rest are expanded together).
+    """
     n_models = len(pool)
+    trees = RolloutTrees() if trees is None else trees
+    trees.bind(pool)
+    for e in episodes:
+        if e.node is None:
+            e.node = trees.node(e.task, e.turns)
+    Ws = {}
     active = [e for e in episodes if not e.done]
     while active:
-        H = states.states([coordinator_text(e.task, e.turns) for e in active])
-        requests = []
-        for e, h in zip(active, H):
-            p_model, p_role = route_probs(heads[e.candidate], h.astype(np.float64), n_models)
-            if e.rng is None:
-                m, r = int(np.argmax(p_model)), int(np.argmax(p_role))
+        n = len(active)
+        groups: dict[int, list[int]] = {}
+        for i, e in enumerate(active):
+            groups.setdefault(e.candidate, []).append(i)
+        keys = [e.node.key for e in active]
+
+        def render(i: int, _active=active) -> str:
+            return coordinator_text(_active[i].task, _active[i].turns)
+
+        if adapters is None:
+            H = states.lookup(keys, render)
+        else:
+            H = np.empty((n, states.dim), dtype=np.float32)
+            for c, ix in groups.items():
+                H[ix] = states.lookup([keys[i] for i in ix], lambda j, ix=ix: render(ix[j]), adapter=adapters[c])
+        H64 = H.astype(np.float64)
+        Z = np.empty((n, n_models + 3))
+        for c, ix in groups.items():
+            W = Ws.get(c)
+            if W is None:
+                W = Ws[c] = np.asarray(heads[c], dtype=np.float64).T
+            if len(ix) == ix[-1] - ix[0] + 1:
+                Z[ix[0]:ix[-1] + 1] = H64[ix[0]:ix[-1] + 1] @ W
             else:
-                m, r = int(e.rng.choice(n_models, p=p_model)), int(e.rng.choice(3, p=p_role))
-            role = ROLES[r]
-            if e.forced_role is not None:  # the Thinker's suggested_role overrides the head's role pick
+                Z[ix] = H64[ix] @ W
+        P_model, P_role = softmax(Z[:, :n_models]), softmax(Z[:, n_models:])
+        # Picks: argmax, or exactly what Generator.choice(n, p=p) draws (one uniform; inverse CDF) — model
+        # first, then role, from each episode's own generator.
+        M = np.argmax(P_model, axis=1)
+        R = np.argmax(P_role, axis=1)
+        sampled = [i for i, e in enumerate(active) if e.rng is not None]
+        if sampled:
+            U = np.array([(active[i].rng.random(), active[i].rng.random()) for i in sampled])
+            cm = np.cumsum(P_model[sampled], axis=1)
+            cm /= cm[:, -1:]
+            cr = np.cumsum(P_role[sampled], axis=1)
+            cr /= cr[:, -1:]
+            M[sampled] = (cm <= U[:, :1]).sum(axis=1)
+            R[sampled] = (cr <= U[:, 1:]).sum(axis=1)
+        requests, asked = [], []
+        for i, e in enumerate(active):
+            m, role = int(M[i]), ROLES[R[i]]
+            forced = e.forced_role is not None
+            if forced:  # the Thinker's suggested_role overrides the head's role pick
                 role, e.forced_role = e.forced_role, None
             e.picks.append((m, role))
-            if role is Role.VERIFIER and latest_answer(e.turns) is None:
+            if keep_features:
+                e.features.append(H[i])
+                e.forced.append(forced)
+            if role is Role.VERIFIER and e.node.answer is None:
                 e.verifier_first = True
                 e.done = True
                 continue
-            requests.append((e, m, role, role_messages(role, e.task, e.turns)))
-        replies = await asyncio.gather(*(pool.complete(m, msgs, role.value) for _, m, role, msgs in requests))
-        for (e, m, role, _), resp in zip(requests, replies):
-            turn = make_turn(pool.names[m], role, resp.text, resp.ok)
+            edge = e.node.edge(m, role, e.task, e.turns, pool)
+            requests.append((m, role.value, edge.key, edge.messages))
+            asked.append((e, edge))
+        replies = await pool.complete_many(requests) if requests else []
+        for (e, edge), resp in zip(asked, replies):
+            if edge.resp is not resp:  # first visit (or another stored sample): parse once per edge
+                edge.turn = make_turn(pool.names[edge.model], edge.role, resp.text, resp.ok)
+                edge.child = e.node.child(edge.turn)
+                edge.resp = resp
+            turn = edge.turn
             e.turns += (turn,)
+            e.node = edge.child
             e.cost_usd += resp.cost_usd
-            if role is Role.THINKER and turn.suggested_role is not None:
+            if turn.role is Role.THINKER and turn.suggested_role is not None:
                 e.forced_role = turn.suggested_role
-            if (role is Role.VERIFIER and turn.verdict == "ACCEPT") or len(e.turns) >= max_turns:
+            if (turn.role is Role.VERIFIER and turn.verdict == "ACCEPT") or len(e.turns) >= max_turns:
                 e.done = True
         active = [e for e in active if not e.done]
     for e in episodes:
-        answer = latest_answer(e.turns)
-        e.correct = 0.0 if (answer is None or e.verifier_first) else float(grade(e.task, answer))
+        node = e.node
+        if node.answer is None or e.verifier_first:
+            e.correct = 0.0
+        else:
+            g = node.grades.get(grade)
+            if g is None:
+                g = node.grades[grade] = float(grade(e.task, node.answer))
+            e.correct = g
         e.reward = shaped_reward(e, max_turns, reward)

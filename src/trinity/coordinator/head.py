@@ -1,7 +1,7 @@
 """The routing head: z = W h, W of shape (L+3) x d, no bias. First L logits pick the model, last 3 the role.
 
-Parameters travel as one flat float vector (what CMA-ES evolves); `unflatten` is the only place that
-knows the layout.
+Parameters travel as one flat float vector (what CMA-ES evolves); `HeadShape.unflatten` and
+`ParamLayout.split` are the only places that know the layout.
 """
 from __future__ import annotations
 
@@ -37,3 +37,34 @@ def route_probs(W: np.ndarray, h: np.ndarray, n_models: int) -> tuple[np.ndarray
     """Model and role distributions for hidden states h of shape (d,) or (n, d)."""
     z = h @ W.T
     return softmax(z[..., :n_models]), softmax(z[..., n_models:])
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """The flat vector an optimiser evolves: [δ (SVF scales of one encoder block)…, head…].
+
+    n_params = n_svf + (L+3)·d, where n_svf = Σ over the adapted block's linear layers of min(rows, cols)
+    (one scale per singular value). The paper: L=7, d=1024 → 10,240 head parameters, + 9,216 SVF scales =
+    19,456. Without SVF (n_svf = 0) the vector is the head alone, exactly as before.
+    """
+
+    head: HeadShape
+    n_svf: int = 0
+
+    @property
+    def n_params(self) -> int:
+        return self.n_svf + self.head.n_params
+
+    def split(self, flat: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """(δ or None, W) from a flat vector."""
+        flat = np.asarray(flat, dtype=np.float64)
+        if flat.shape != (self.n_params,):
+            raise ValueError(f"expected {self.n_params} parameters ({self.n_svf} SVF scales + head "
+                             f"({self.head.n_models}+3) x {self.head.dim}), got shape {flat.shape}")
+        if not self.n_svf:
+            return None, self.head.unflatten(flat)
+        return flat[: self.n_svf].copy(), self.head.unflatten(flat[self.n_svf:])
+
+    def describe(self) -> dict:
+        return {"n_params": self.n_params, "head_params": self.head.n_params, "svf_params": self.n_svf,
+                "head_shape": [self.head.n_models + 3, self.head.dim]}

@@ -1,9 +1,18 @@
-"""sep-CMA-ES (pycma, diagonal covariance) over the flat head parameters.
+"""The training loop over memoised rollout trees, and sep-CMA-ES (pycma, diagonal covariance) — the paper's
+optimiser. The baselines of its ablation (REINFORCE, random search: `trinity.evolve.baselines`) plug into
+the same loop through the `Optimizer` interface, so every method plays the same episodes budget
+(generations x popsize x episodes_per_candidate) on the same tasks (`minibatch`), with the same seeds.
 
-The loop is explicit, checkpointable state: after every generation the pickled ES, the generation index
-and the history are written atomically, so a killed run restarts where it stopped and, because every
-random draw is fixed by (seed, generation, candidate, task), ends with the same parameters as an
-uninterrupted one. pycma's `seed` reseeds numpy's *global* RNG; nothing else here touches it.
+The loop is explicit, checkpointable state: after every generation the pickled optimiser, the generation
+index and the history are written atomically, so a killed run restarts where it stopped and, because every
+random draw is fixed by (seed, generation, candidate, task) or by the optimiser's pickled state, ends with
+the same parameters as an uninterrupted one. pycma's `seed` reseeds numpy's *global* RNG and pycma samples
+from it; `SepCMA` snapshots and restores that state; nothing else here touches it (the baselines use their
+own generators).
+
+The flat parameter vector is the `ParamLayout`: the head alone, or [δ…, head…] when
+`coordinator.svf_layer` is set (each candidate's δ then changes its hidden states: its transcripts are
+encoded with its own adapter).
 """
 from __future__ import annotations
 
@@ -15,14 +24,17 @@ import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from trinity.config import Settings
-from trinity.coordinator.episode import Episode, StateCache, episode_rng, play_episodes
-from trinity.coordinator.head import HeadShape
+from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, model_pick_entropy, play_episodes
+from trinity.coordinator.head import HeadShape, ParamLayout
+from trinity.coordinator.roles import ROLES
 from trinity.records import Task
+
+METHODS = ("sep_cma", "reinforce", "random_search")
 
 
 def default_popsize(n_params: int) -> int:
@@ -34,6 +46,90 @@ def minibatch(tasks: Sequence[Task], n: int, seed: int, generation: int) -> list
     rng = np.random.default_rng([seed, 7919, generation])
     idx = rng.permutation(len(tasks))[: min(n, len(tasks))]
     return [tasks[i] for i in sorted(idx)]
+
+
+def param_layout(settings: Settings, n_models: int, states: StateCache) -> ParamLayout:
+    """The flat vector's layout for this pool and encoder (SVF scales first when coordinator.svf_layer is set)."""
+    n_svf = 0
+    if settings.coordinator.svf_layer is not None:
+        n_svf = int(getattr(states.encoder, "svf_num_params", 0))
+        if not n_svf:
+            raise ValueError("coordinator.svf_layer is set but the encoder has no SVF scales: build it with "
+                             "svf_layer (stages.make_encoder does)")
+    return ParamLayout(HeadShape(n_models=n_models, dim=states.dim), n_svf)
+
+
+class Optimizer(Protocol):
+    """What the training loop needs from an optimiser. Pickled whole into the resume checkpoint."""
+
+    method: str
+    needs_features: bool
+    """True → episodes keep each pick's hidden state (`Episode.features`) for `tell`."""
+
+    def ask(self) -> list[np.ndarray]:
+        """This generation's candidates (flat vectors); their number is the popsize."""
+
+    def tell(self, X: Sequence[np.ndarray], fitness: np.ndarray, episodes: Sequence[Episode]) -> None:
+        """Fitness (mean shaped reward, higher is better) of each candidate, and the episodes it came from."""
+
+    @property
+    def params(self) -> np.ndarray:
+        """The run's answer so far (CMA: the distribution mean; REINFORCE: θ; random search: the incumbent)."""
+
+    @property
+    def sigma(self) -> float:
+        """Step size for the logs (CMA: σ; random search: its fixed σ; REINFORCE: the Adam step size)."""
+
+    def resume(self) -> None:
+        """Called once after unpickling from a checkpoint."""
+
+
+class SepCMA:
+    """sep-CMA-ES: pycma with `CMA_diagonal: True`, x0 = 0, minimising −fitness."""
+
+    method = "sep_cma"
+    needs_features = False
+
+    def __init__(self, n: int, sigma0: float, popsize: int, seed: int):
+        import cma
+
+        # pycma treats seed 0 as "random": offset so every evolve.seed is reproducible
+        self.es = cma.CMAEvolutionStrategy(np.zeros(n), sigma0, {
+            "CMA_diagonal": True, "seed": seed + 1, "popsize": popsize, "verbose": -9,
+            "tolx": 0, "tolfun": 0, "tolflatfitness": 10**9, "tolstagnation": 10**9, "maxiter": 10**9})
+        self._np_global_rng = np.random.get_state()
+
+    def ask(self) -> list[np.ndarray]:
+        return self.es.ask()
+
+    def tell(self, X, fitness, episodes) -> None:
+        self.es.tell(X, (-np.asarray(fitness)).tolist())  # pycma minimises
+        self._np_global_rng = np.random.get_state()  # pycma samples from numpy's global RNG
+
+    @property
+    def params(self) -> np.ndarray:
+        return np.asarray(self.es.mean, dtype=np.float64).copy()
+
+    @property
+    def sigma(self) -> float:
+        return float(self.es.sigma)
+
+    def resume(self) -> None:
+        np.random.set_state(self._np_global_rng)  # restore it for an identical resume
+
+
+def make_optimizer(settings: Settings, layout: ParamLayout) -> Optimizer:
+    ev = settings.evolve
+    popsize = ev.popsize or default_popsize(layout.n_params)
+    if ev.method == "sep_cma":
+        return SepCMA(layout.n_params, ev.sigma0, popsize, ev.seed)
+    from trinity.evolve import baselines
+
+    if ev.method == "reinforce":
+        return baselines.Reinforce(layout, popsize, lr=ev.reinforce_lr)
+    if ev.method == "random_search":
+        return baselines.RandomSearch(layout.n_params, popsize, sigma=ev.sigma0, seed=ev.seed)
+    raise ValueError(f"unknown evolve.method {ev.method!r}; expected one of {METHODS}")
 
 
 @dataclass
@@ -50,20 +146,27 @@ class GenerationRecord:
     role_usage: dict[str, int]
     mean_accuracy: float
     wall_s: float
+    method: str = "sep_cma"
+    episodes: int = 0
+    """Episodes played this generation (popsize x tasks): the budget every method spends alike."""
+    calls_per_episode: float = 0.0
+    model_entropy: float = 0.0
+    """Entropy (nats) of the generation's model picks, all episodes pooled: 0 = one model for everything."""
 
 
 @dataclass
 class EvolutionResult:
-    params: np.ndarray  # the distribution mean after the last generation (robust to minibatch noise)
+    params: np.ndarray  # the optimiser's answer after the last generation (CMA: the mean, robust to noise)
     best_params: np.ndarray
     best_fitness: float
     history: list[GenerationRecord] = field(default_factory=list)
+    layout: ParamLayout | None = None
 
 
 def _atomic_pickle(obj, path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "wb") as f:
-        pickle.dump(obj, f)
+        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -71,44 +174,43 @@ def _atomic_pickle(obj, path: Path) -> None:
 
 def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, grade: Callable[[Task, str], float],
            resume_path: Path | None = None, on_generation: Callable[[GenerationRecord], None] | None = None,
-           run_id: str = "evolve", store=None) -> EvolutionResult:
-    import cma
-
+           run_id: str = "evolve", store=None, trees: RolloutTrees | None = None) -> EvolutionResult:
+    """Train the coordinator with `settings.evolve.method` (see module doc). `trees`: the memoised rollout
+    trees to walk (kept across calls to share them, e.g. between the methods of an ablation)."""
     ev = settings.evolve
-    shape = HeadShape(n_models=len(pool), dim=states.dim)
-    n = shape.n_params
-    popsize = ev.popsize or default_popsize(n)
+    layout = param_layout(settings, len(pool), states)
+    n = layout.n_params
+    trees = RolloutTrees() if trees is None else trees
+    fingerprint = _fingerprint(settings, layout, train)
     state = None
     if resume_path is not None and resume_path.exists():
         with open(resume_path, "rb") as f:
             state = pickle.load(f)
-        if state.get("fingerprint") != _fingerprint(settings, shape, train):
+        if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
             state = None  # different run: start over (the old state stays out of the way)
+        else:
+            state["optimizer"].resume()
     if state is None:
-        # pycma treats seed 0 as "random": offset so every evolve.seed is reproducible
-        es = cma.CMAEvolutionStrategy(np.zeros(n), ev.sigma0, {
-            "CMA_diagonal": True, "seed": ev.seed + 1, "popsize": popsize, "verbose": -9,
-            "tolx": 0, "tolfun": 0, "tolflatfitness": 10**9, "tolstagnation": 10**9, "maxiter": 10**9})
-        state = {"es": es, "generation": 0, "history": [], "best": (-np.inf, np.zeros(n)),
-                 "fingerprint": _fingerprint(settings, shape, train)}
-    es = state["es"]
-    if "np_global_rng" in state:  # pycma samples from numpy's global RNG: restore it for an identical resume
-        np.random.set_state(state["np_global_rng"])
+        state = {"optimizer": make_optimizer(settings, layout), "generation": 0, "history": [],
+                 "best": (-np.inf, np.zeros(n)), "fingerprint": fingerprint}
+    opt: Optimizer = state["optimizer"]
     while state["generation"] < ev.generations:
         g = state["generation"]
         t0 = time.perf_counter()
         calls0, hits0, enc0, cost0 = pool.stats.calls_made, pool.stats.store_hits, states.encoded, pool.stats.cost_usd
-        X = es.ask()
+        X = opt.ask()
         tasks = minibatch(train, ev.episodes_per_candidate, ev.seed, g)
-        heads = [shape.unflatten(x) for x in X]
+        split = [layout.split(x) for x in X]
+        heads = [W for _, W in split]
+        adapters = [d for d, _ in split] if layout.n_svf else None
         episodes = [Episode(task=t, candidate=c, rng=episode_rng(ev.seed, g, c, t.id))
                     for c in range(len(X)) for t in tasks]
-        asyncio.run(play_episodes(episodes, heads, pool, states, settings.coordinator.max_turns,
-                                  settings.reward, grade))
+        asyncio.run(play_episodes(episodes, heads, pool, states, settings.coordinator.max_turns, settings.reward,
+                                  grade, adapters=adapters, trees=trees, keep_features=opt.needs_features))
         fitness = np.zeros(len(X))
         for e in episodes:
             fitness[e.candidate] += e.reward / len(tasks)
-        es.tell(X, (-fitness).tolist())  # pycma minimises
+        opt.tell(X, fitness, episodes)
         if store is not None:
             store.put_episodes({"run_id": run_id, "generation": g, "candidate": e.candidate, "task_id": e.task.id,
                                 "path": e.path, "reward": e.reward, "correct": e.correct, "cost_usd": e.cost_usd}
@@ -116,33 +218,43 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
         b = int(np.argmax(fitness))
         if fitness[b] > state["best"][0]:
             state["best"] = (float(fitness[b]), np.array(X[b]))
-        models, roles = {}, {}
+        models = dict.fromkeys(pool.names, 0)
+        roles = dict.fromkeys((r.value for r in ROLES), 0)
+        picks = []
         for e in episodes:
+            picks += e.picks
             for m, r in e.picks:
-                models[pool.names[m]] = models.get(pool.names[m], 0) + 1
-                roles[r.value] = roles.get(r.value, 0) + 1
+                models[pool.names[m]] += 1
+                roles[r.value] += 1
+        calls = pool.stats.calls_made - calls0
         rec = GenerationRecord(
             generation=g, best_fitness=float(fitness.max()), mean_fitness=float(fitness.mean()),
-            sigma=float(es.sigma), calls_made=pool.stats.calls_made - calls0, store_hits=pool.stats.store_hits - hits0,
+            sigma=opt.sigma, calls_made=calls, store_hits=pool.stats.store_hits - hits0,
             states_encoded=states.encoded - enc0, cost_usd=pool.stats.cost_usd - cost0, model_usage=models,
             role_usage=roles, mean_accuracy=float(np.mean([e.correct for e in episodes])),
-            wall_s=time.perf_counter() - t0)
+            wall_s=time.perf_counter() - t0, method=opt.method, episodes=len(episodes),
+            calls_per_episode=calls / len(episodes), model_entropy=model_pick_entropy(picks))
         state["history"].append(rec)
         state["generation"] = g + 1
-        state["np_global_rng"] = np.random.get_state()
         if resume_path is not None:
             _atomic_pickle(state, resume_path)
         if on_generation is not None:
             on_generation(rec)
-    return EvolutionResult(params=np.asarray(es.mean, dtype=np.float64).copy(), best_params=state["best"][1],
-                           best_fitness=state["best"][0], history=state["history"])
+    return EvolutionResult(params=opt.params, best_params=state["best"][1], best_fitness=state["best"][0],
+                           history=state["history"], layout=layout)
 
 
-def _fingerprint(settings: Settings, shape: HeadShape, train: Sequence[Task]) -> str:
+_RUNTIME_ONLY = {"task_runner", "dask_workers", "dask_threads_per_worker"}
+"""evolve.* keys that choose where calls run, never what they return: changing them keeps a run resumable."""
+
+
+def _fingerprint(settings: Settings, layout: ParamLayout, train: Sequence[Task]) -> str:
     from trinity.records import stable_hash
 
-    return stable_hash({"settings": settings.model_dump(include={"evolve", "reward", "coordinator", "pool"}),
-                        "shape": [shape.n_models, shape.dim], "train": [t.id for t in train]})
+    dump = settings.model_dump(include={"evolve", "reward", "coordinator", "pool"})
+    dump["evolve"] = {k: v for k, v in dump["evolve"].items() if k not in _RUNTIME_ONLY}
+    return stable_hash({"settings": dump, "shape": [layout.head.n_models, layout.head.dim, layout.n_svf],
+                        "train": [t.id for t in train]})
 
 
 def save_checkpoint(path: Path, params: np.ndarray, metadata: dict) -> None:

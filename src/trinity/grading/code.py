@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import secrets
 from dataclasses import dataclass

@@ -4,35 +4,40 @@ Why each layer is there (every one of them is cheap; together they make a run of
 leave the host as it found it):
 
 * **Namespaces** (bubblewrap): a new mount namespace whose root is an empty tmpfs holding only
-  read-only binds of the system (/usr, the /lib* and /bin links, a few /etc files) and of the
-  interpreter that runs the code (the venv, its base Python), a fresh writable tmpfs as cwd and
-  HOME, /tmp and /dev/shm as small tmpfs, a new /proc and a minimal /dev. Nothing else of the
-  host exists inside: not /root, not /work, not ~/.ssh, not the project's data/ store. New PID,
-  network (loopback only, nothing routes out), IPC, UTS and cgroup namespaces.
-* **An unprivileged uid**: when the host runs as root, bubblewrap runs privileged (it can bind the
-  interpreter even under /root) and the code then drops to a fresh, otherwise unused uid
-  (``setpriv``): no capabilities, no_new_privs, and a process count (RLIMIT_NPROC) that counts this
-  sandbox alone — the kernel never enforces RLIMIT_NPROC for uid 0. As a normal user bubblewrap
-  runs unprivileged in a user namespace that may not nest further (``--disable-userns``).
+  read-only binds of the system (/usr, the /lib* and /bin links, a few world-readable /etc files,
+  a generated /etc/passwd and /etc/hosts) and of the interpreter that runs the code — its venv and
+  base installation, at their own paths (so e.g. /work/main/.venv and /root/.pyenv/versions/3.11.7
+  exist inside, and nothing else of /work or /root). A fresh writable tmpfs is cwd and HOME
+  (/sandbox); /tmp and /dev/shm are small tmpfs; the root tmpfs and /dev are then remounted
+  read-only. New /proc (this run's processes only) and a minimal /dev. New PID, network (loopback
+  only: nothing routes out), IPC, UTS and cgroup namespaces.
+* **An unprivileged uid**: as a normal user, bubblewrap runs unprivileged in a new user namespace
+  (``--unshare-all --disable-userns``, uid 1000 inside). As root, bubblewrap runs privileged —
+  without a user namespace, which would only map the sandbox to host root — and the code drops to
+  a fresh, otherwise unused uid with ``setpriv``: no capabilities (also none in the bounding set),
+  no_new_privs, and a process count (RLIMIT_NPROC) that counts this run alone; the kernel never
+  enforces RLIMIT_NPROC for uid 0.
 * **seccomp** (x86-64): a deny list of syscalls a test program never needs and that widen the
   kernel surface: new namespaces, mount, keyrings, bpf, perf, io_uring, ptrace, module/kexec/clock
   calls, open_by_handle_at. They fail with EPERM (clone3 with ENOSYS, so libc falls back to clone).
 * **rlimits** (``prlimit``): CPU seconds, address space, processes, file size, open files, no core
-  dumps. A wall-clock **timeout** SIGKILLs the sandbox's PID-namespace init, which takes every
-  process of the namespace with it (daemons included), and then bubblewrap's process group.
+  dumps. A wall-clock **timeout** SIGKILLs the sandbox's PID-namespace init (through a pidfd),
+  which takes every process of the namespace with it (daemons included), then bubblewrap's
+  process group.
 * **A memory watchdog** sums the resident memory of every process of the run (RLIMIT_AS is per
   process; a fork bomb of big processes is not) and kills the run past ``rss_limit_mb``.
 * **Output caps**: each captured stream keeps at most ``max_output_bytes``; past that the run is
   killed (``killed_reason="output_limit"``).
 * **A scrubbed environment**: nothing of the host's environment reaches the code (nor bubblewrap's
-  own /proc/1/environ), apart from a short allow-list (OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE, which
+  own /proc/<pid>/environ), apart from a short allow-list (OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE, which
   some CPUs need for OpenBLAS to compute correctly).
 
 Where bubblewrap cannot run, `Sandbox.run` raises `SandboxUnavailable` (install bubblewrap), unless
 the caller opts into the weaker mode (``allow_weak=True`` or env ``TRINITY_SANDBOX_WEAK=1``):
-rlimits, a scrubbed environment and a temporary cwd, plus — as root — ``unshare`` of the network,
-PID, IPC, UTS and mount namespaces and the drop to a fresh uid. Weak mode does not hide the host's
-files from the code; use it only for code you would run anyway.
+rlimits, a scrubbed environment, a temporary cwd, and a kill of every process still carrying the
+run's token in its environment; as root also ``unshare`` of the network, PID, IPC, UTS and mount
+namespaces, and the drop to a fresh uid where the interpreter is readable by any uid. Weak mode does
+not hide the host's files from the code; use it only for code you would run anyway.
 
 Not covered without cgroups: memory that no process maps (pipe buffers, unmapped memfd pages) is
 bounded only by the rlimits (file size × open files × processes), not by ``rss_limit_mb``.
@@ -55,7 +60,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -404,7 +409,8 @@ def _bwrap_argv(sb: Sandbox, fds: dict[str, int], etc_fds: dict[str, int], secco
         # Privileged bwrap: no user namespace (it would map the sandbox to host root); the code
         # drops to a fresh uid with setpriv below.
         a += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-              "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+              "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+              "--cap-add", "CAP_SETPCAP"]  # only for setpriv, which drops them all
     else:
         a += ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(uid), "--gid", str(uid)]
     a += ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--info-fd", str(info_fd)]
@@ -536,11 +542,38 @@ def _run_weak(sb: Sandbox, files: dict[str, bytes], stdin: bytes, timeout: float
             # RLIMIT_NPROC counts every process of this uid: leave room for the ones already running.
             extra_nproc = _count_own_processes()
         env = sb._inner_env(workdir)
+        # Without a PID namespace a daemon can leave the process group; the run's token in the
+        # environment finds it afterwards (unless the code scrubs its own environment: weak mode).
+        token = secrets.token_hex(16)
+        env["TRINITY_SANDBOX_RUN"] = token
         argv += sb._rlimit_args(timeout, extra_nproc) + [exe, *sb.python_flags, MAIN_FILE]
-        return _supervise(sb, argv, stdin, timeout, pass_fds=(), info_r=None, info_w=None, bwrap=False,
-                          env=env, cwd=workdir)
+        try:
+            return _supervise(sb, argv, stdin, timeout, pass_fds=(), info_r=None, info_w=None, bwrap=False,
+                              env=env, cwd=workdir)
+        finally:
+            _kill_tagged(token)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _kill_tagged(token: str) -> None:
+    """SIGKILL every process whose environment carries TRINITY_SANDBOX_RUN=<token>."""
+    needle = f"TRINITY_SANDBOX_RUN={token}".encode()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            fd = os.pidfd_open(int(d))
+        except OSError:
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if needle in f.read():
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def _world_usable(path: str) -> bool:

@@ -18,6 +18,8 @@ from trinity.records import ChatMessage, ChatResponse, SamplingParams
 
 _LOADED: dict[tuple[str, int, int], tuple[object, threading.Lock]] = {}
 _LOAD_LOCK = threading.Lock()
+LOADS: list[str] = []
+"""Every model load of this process, in order (a process loads each (file, n_ctx, n_threads) once)."""
 
 
 def load_llama(path: Path, n_ctx: int, n_threads: int):
@@ -30,6 +32,7 @@ def load_llama(path: Path, n_ctx: int, n_threads: int):
             llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
                         verbose=False, seed=0)
             _LOADED[key] = (llm, threading.Lock())
+            LOADS.append(path.name)
         return _LOADED[key]
 
 
@@ -81,8 +84,12 @@ class LocalChatModel:
                             completion_tokens=int(usage.get("completion_tokens", 0)),
                             latency_s=time.perf_counter() - t0, model=self.model_id)
 
-    async def chat(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
+    def generate(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
+        """The blocking call (what `chat` runs on a worker thread); never raises for model-side failures."""
         try:
-            return await asyncio.to_thread(self._generate, messages, sampling)
+            return self._generate(messages, sampling)
         except Exception as e:  # a model-side failure is a failed call, not a crash
             return ChatResponse(text="", ok=False, error=f"{type(e).__name__}: {e}", model=self.model_id)
+
+    async def chat(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
+        return await asyncio.to_thread(self.generate, messages, sampling)

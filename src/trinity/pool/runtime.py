@@ -1,16 +1,22 @@
-"""The pool at run time: members + the response store. Every call goes through `Pool.complete`.
+"""The pool at run time: members + the response store. Every call goes through `Pool.complete_many`
+(`Pool.complete` is the one-request case).
 
 - A stored response is returned without a call (the stored sample *is* the sample for that prompt: common
   random numbers across CMA-ES candidates).
-- Identical requests in flight at the same time share one call.
-- Every real call is counted (`calls_made`) and stored, failures included, so a rerun pays for nothing twice.
+- Identical requests in one batch, or in flight at the same time, share one call.
+- The requests left — never-seen nodes — are handed together to the pool's `Expansion`: in process on
+  asyncio worker threads (`InProcessExpansion`, the default), or through a Prefect task runner
+  (`trinity.evolve.engine.TaskRunnerExpansion`: threads, or Dask worker processes). Whatever runs them,
+  responses come back to this process, which alone writes the store (DuckDB: one writer).
+- Every real call is counted (`calls_made`) and stored as soon as it returns, failures included, so a rerun
+  pays for nothing twice.
 """
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import AsyncIterator, NamedTuple, Protocol, Sequence
 
 from trinity.config import PoolMember, PoolSettings
 from trinity.pool.base import ChatModel
@@ -34,9 +40,37 @@ class PoolStats:
         return d
 
 
+class Request(NamedTuple):
+    """One pool request: member index, role (selects the role's max_tokens cap), store key, messages."""
+
+    idx: int
+    role: str | None
+    key: str
+    messages: Sequence[ChatMessage]
+
+
+class Expansion(Protocol):
+    """Runs the requests no store row or in-flight call answers (never-seen nodes), all of one step.
+    Yields (position in `requests`, response) as each call finishes; never touches the store."""
+
+    def expand(self, pool: "Pool", requests: Sequence[Request]) -> AsyncIterator[tuple[int, ChatResponse]]: ...
+
+
+class InProcessExpansion:
+    """Every request as a coroutine of the member in this process (local models run on asyncio worker
+    threads, one call at a time per loaded model; HTTP members share this event loop)."""
+
+    async def expand(self, pool: "Pool", requests: Sequence[Request]) -> AsyncIterator[tuple[int, ChatResponse]]:
+        async def one(j: int, r: Request):
+            return j, await pool.members[r.idx].chat(r.messages, pool.sampling(r.idx, r.role))
+
+        for fut in asyncio.as_completed([one(j, r) for j, r in enumerate(requests)]):
+            yield await fut
+
+
 class Pool:
     def __init__(self, members: Sequence[ChatModel], settings: Sequence[PoolMember], store: Store | None,
-                 role_max_tokens: dict[str, int] | None = None):
+                 role_max_tokens: dict[str, int] | None = None, expansion: Expansion | None = None):
         if len(members) != len(settings):
             raise ValueError("one PoolMember setting per member")
         self.members = list(members)
@@ -44,7 +78,9 @@ class Pool:
         self.store = store
         self.stats = PoolStats()
         self.role_max_tokens = dict(role_max_tokens or {})
+        self.expansion: Expansion = expansion or InProcessExpansion()
         self._inflight: dict[str, asyncio.Future] = {}
+        self._sampling: dict[tuple[int, str | None], SamplingParams] = {}
 
     @property
     def names(self) -> list[str]:
@@ -54,50 +90,100 @@ class Pool:
         return len(self.members)
 
     def sampling(self, idx: int, role: str | None = None) -> SamplingParams:
-        s = self.settings[idx]
-        cap = self.role_max_tokens.get(role or "")
-        return SamplingParams(temperature=s.temperature, top_p=s.top_p,
-                              max_tokens=min(s.max_tokens, cap) if cap else s.max_tokens, seed=0)
+        sp = self._sampling.get((idx, role))
+        if sp is None:
+            s = self.settings[idx]
+            cap = self.role_max_tokens.get(role or "")
+            sp = self._sampling[(idx, role)] = SamplingParams(
+                temperature=s.temperature, top_p=s.top_p, max_tokens=min(s.max_tokens, cap) if cap else s.max_tokens,
+                seed=0)
+        return sp
+
+    def signature(self) -> tuple:
+        """What the response keys of this pool depend on: member names, model ids and per-role sampling."""
+        roles = (None, "thinker", "worker", "verifier")
+        return tuple((m.name, m.model_id, tuple(self.sampling(i, r) for r in roles)) for i, m in enumerate(self.members))
 
     def key(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> str:
         return response_key(self.members[idx].model_id, messages, self.sampling(idx, role))
 
     async def complete(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> ChatResponse:
-        key = self.key(idx, messages, role)
-        sampling = self.sampling(idx, role)
-        if self.store is not None:
-            hit = self.store.get_response(key)
-            if hit is not None:
-                self.stats.store_hits += 1
-                return hit
-        if key in self._inflight:
-            self.stats.store_hits += 1
-            return await asyncio.shield(self._inflight[key])
-        fut = asyncio.get_running_loop().create_future()
-        self._inflight[key] = fut
+        return (await self.complete_many([Request(idx, role, self.key(idx, messages, role), messages)]))[0]
+
+    async def complete_many(self, requests: Sequence[Request | tuple]) -> list[ChatResponse]:
+        """Responses to `requests` (in order): stored ones from the store, repeated or in-flight ones shared,
+        and the never-seen rest expanded together by `self.expansion`."""
+        store = self.store
+        out: list[ChatResponse | None] = [None] * len(requests)
+        fresh: dict[str, list[int]] = {}
+        waits: list[tuple[int, asyncio.Future]] = []
+        hits = 0
+        for i, r in enumerate(requests):
+            key = r[2]
+            if store is not None:
+                hit = store.get_response(key)
+                if hit is not None:
+                    hits += 1
+                    out[i] = hit
+                    continue
+            if key in fresh:
+                hits += 1
+                fresh[key].append(i)
+                continue
+            fut = self._inflight.get(key)
+            if fut is not None:
+                hits += 1
+                waits.append((i, fut))
+                continue
+            fresh[key] = [i]
+        self.stats.store_hits += hits
+        if fresh:
+            await self._expand([Request(*requests[ix[0]]) for ix in fresh.values()], list(fresh.values()), out)
+        for i, fut in waits:
+            out[i] = await asyncio.shield(fut)
+        return out  # type: ignore[return-value]
+
+    async def _expand(self, todo: list[Request], positions: list[list[int]], out: list) -> None:
+        loop = asyncio.get_running_loop()
+        futs = []
+        for r in todo:
+            fut = loop.create_future()
+            self._inflight[r.key] = fut
+            futs.append(fut)
         try:
-            member = self.members[idx]
-            resp = await member.chat(messages, sampling)
-            s = self.settings[idx]
-            if resp.cost_usd == 0.0 and (s.price_input_per_mtok or s.price_output_per_mtok):
-                resp = ChatResponse(**{**resp.__dict__, "cost_usd": (
-                    resp.prompt_tokens * s.price_input_per_mtok + resp.completion_tokens * s.price_output_per_mtok) / 1e6})
-            self.stats.calls_made += 1
-            self.stats.calls_by_model[member.name] += 1
-            self.stats.failures += 0 if resp.ok else 1
-            self.stats.cost_usd += resp.cost_usd
-            self.stats.prompt_tokens += resp.prompt_tokens
-            self.stats.completion_tokens += resp.completion_tokens
-            if self.store is not None:
-                self.store.put_response(key, member.model_id, role, messages, sampling, resp)
-            fut.set_result(resp)
-            return resp
+            async for j, resp in self.expansion.expand(self, todo):
+                resp = self._record(todo[j], resp)
+                futs[j].set_result(resp)
+                for i in positions[j]:
+                    out[i] = resp
+            missing = [todo[j].key for j, f in enumerate(futs) if not f.done()]
+            if missing:
+                raise RuntimeError(f"pool expansion returned no response for {len(missing)} request(s)")
         except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # mark retrieved
+            for f in futs:
+                if not f.done():
+                    f.set_exception(e)
+                    f.exception()  # mark retrieved
             raise
         finally:
-            del self._inflight[key]
+            for r in todo:
+                self._inflight.pop(r.key, None)
+
+    def _record(self, r: Request, resp: ChatResponse) -> ChatResponse:
+        """Price, count and store one real call (in this process: the store's only writer)."""
+        member, s = self.members[r.idx], self.settings[r.idx]
+        if resp.cost_usd == 0.0 and (s.price_input_per_mtok or s.price_output_per_mtok):
+            resp = ChatResponse(**{**resp.__dict__, "cost_usd": (
+                resp.prompt_tokens * s.price_input_per_mtok + resp.completion_tokens * s.price_output_per_mtok) / 1e6})
+        self.stats.calls_made += 1
+        self.stats.calls_by_model[member.name] += 1
+        self.stats.failures += 0 if resp.ok else 1
+        self.stats.cost_usd += resp.cost_usd
+        self.stats.prompt_tokens += resp.prompt_tokens
+        self.stats.completion_tokens += resp.completion_tokens
+        if self.store is not None:
+            self.store.put_response(r.key, member.model_id, r.role, r.messages, self.sampling(r.idx, r.role), resp)
+        return resp
 
 
 def build_members(pool: PoolSettings) -> list[ChatModel]:

@@ -1,0 +1,63 @@
+"""Coordinator decision time as a share of turn wall time, embedded pool, no stores (goal <= 5%).
+
+Each turn = decide (encode the transcript with KV-prefix reuse + head + sampling) then act (one pool call).
+Real episodes on GSM8K items with the default params' pool and encoder; the head is random (σ = 0.5) so
+every role and model shows up. Both sides are timed in the same turns."""
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from trinity import stages
+from trinity.config import load_settings
+from trinity.coordinator.episode import StateCache
+from trinity.coordinator.head import HeadShape, route_probs
+from trinity.coordinator.roles import ROLES, Role, coordinator_text, latest_answer, make_turn, role_messages
+from trinity.data.loaders import load_gsm8k
+from trinity.pool.runtime import build_pool
+
+
+def main(n_episodes: int = 4):
+    settings = load_settings("params.yaml")
+    pool = build_pool(settings.pool, store=None, role_max_tokens=stages._role_caps(settings))
+    encoder = stages.make_encoder(settings)
+    states = StateCache(encoder, store=None)
+    rng = np.random.default_rng(0)
+    W = HeadShape(len(pool), encoder.dim).unflatten(rng.standard_normal((len(pool) + 3) * encoder.dim) * 0.5)
+    tasks = load_gsm8k(settings.data.resolved_root(), split="test")[:n_episodes]
+    states.states([coordinator_text(tasks[0], ())])  # warm-up: load weights, first-call overheads
+    decide_s, act_s = [], []
+    for task in tasks:
+        turns = ()
+        for _ in range(settings.coordinator.max_turns):
+            t0 = time.perf_counter()
+            h = states.states([coordinator_text(task, turns)])[0]
+            pm, pr = route_probs(W, h.astype(np.float64), len(pool))
+            m, role = int(rng.choice(len(pool), p=pm)), ROLES[int(rng.choice(3, p=pr))]
+            if role is Role.VERIFIER and latest_answer(turns) is None:
+                role = Role.WORKER  # keep the episode going: this bench measures turns
+            msgs = role_messages(role, task, turns)
+            t1 = time.perf_counter()
+            resp = asyncio.run(pool.complete(m, msgs, role.value))
+            t2 = time.perf_counter()
+            decide_s.append(t1 - t0)
+            act_s.append(t2 - t1)
+            turns += (make_turn(pool.names[m], role, resp.text, resp.ok),)
+            if role is Role.VERIFIER and turns[-1].verdict == "ACCEPT":
+                break
+    shares = [d / (d + a) for d, a in zip(decide_s, act_s)]
+    total_share = sum(decide_s) / (sum(decide_s) + sum(act_s))
+    print(json.dumps({"name": "coordinator_overhead", "figure": round(100 * total_share, 2), "unit": "% of turn wall time",
+                      "goal": "<= 5", "compared_to": "the pool call of the same turn (embedded pool, same run)",
+                      "detail": {"turns": len(shares), "decide_s_median": round(statistics.median(decide_s), 4),
+                                 "act_s_median": round(statistics.median(act_s), 3),
+                                 "share_per_turn_median_pct": round(100 * statistics.median(shares), 2),
+                                 "decide_s": [round(x, 4) for x in decide_s], "act_s": [round(x, 3) for x in act_s],
+                                 "encoder": encoder.encoder_id, "pool": pool.names}}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
