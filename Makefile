@@ -18,7 +18,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export WANDB_SILENT := true
 
-.PHONY: setup run test test-slow bench clean-venv
+.PHONY: setup setup-sandbox run test test-slow check-graders bench clean-venv
 
 setup: $(SETUP_STAMP)
 
@@ -47,8 +47,15 @@ run: setup
 test: setup
 	bash scripts/run_tests.sh -m "not slow"
 
-test-slow: setup
+# the BigCodeBench grading environment (Python 3.10 venv with the official eval pins), for the slow tests
+setup-sandbox: setup
+	bash scripts/setup_sandbox_env.sh
+
+test-slow: setup-sandbox
 	bash scripts/run_tests.sh -m slow
+
+check-graders: setup-sandbox
+	$(PY) -m trinity.grading.check
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b | tail -1; done
