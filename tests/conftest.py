@@ -7,6 +7,7 @@ os.environ.setdefault("PREFECT_HOME", os.path.join(_tmp, "prefect"))
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # as flows/_bootstrap.py: one INFO line per task run is noise
 os.environ["DVC_NO_ANALYTICS"] = "1"
 os.environ["WANDB_MODE"] = "offline"
 os.environ.setdefault("WANDB_DIR", os.path.join(_tmp, "wandb"))

@@ -139,7 +139,7 @@ def _generation_logger(tracker, pool_names: list[str], prefix: str = "", step: b
                     "calls_total": totals["calls"], "cost_usd_total": totals["cost_usd"]}
         if tracker is not None:
             tracker.log({f"{prefix}{k}": v for k, v in metrics.items()}, step=rec.generation if step else None)
-        print(f"[{prefix or 'evolve/'}{rec.method}] gen {rec.generation}: best {rec.best_fitness:.3f} "
+        print(f"[{'ablation' if prefix else 'evolve'}:{rec.method}] gen {rec.generation}: best {rec.best_fitness:.3f} "
               f"mean {rec.mean_fitness:.3f} step {rec.sigma:.4g} calls {rec.calls_made} hits {rec.store_hits} "
               f"({rec.wall_s:.1f}s)", flush=True)
 

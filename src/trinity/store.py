@@ -195,20 +195,33 @@ class Store:
 
     # ---------------------------------------------------------------- episodes
     def put_episodes(self, rows: Iterable[dict[str, Any]]) -> None:
+        """One transaction for a whole generation's rows, inserted from an Arrow table (executemany costs
+        ~10 ms per row in DuckDB; a generation writes popsize x tasks rows)."""
         rows = list(rows)
         if not rows:
             return
+        tbl = pa.table({
+            "run_id": pa.array([r["run_id"] for r in rows], pa.string()),
+            "generation": pa.array([r["generation"] for r in rows], pa.int32()),
+            "candidate": pa.array([r["candidate"] for r in rows], pa.int32()),
+            "task_id": pa.array([r["task_id"] for r in rows], pa.string()),
+            "path": pa.array([json.dumps(r["path"]) for r in rows], pa.string()),
+            "reward": pa.array([float(r["reward"]) for r in rows], pa.float64()),
+            "correct": pa.array([float(r["correct"]) for r in rows], pa.float64()),
+            "cost_usd": pa.array([float(r["cost_usd"]) for r in rows], pa.float64()),
+        })
         with self._lock:
-            self.con.execute("BEGIN")
+            self.con.register("_new_episodes", tbl)
             try:
-                self.con.executemany(
-                    "INSERT OR REPLACE INTO episodes VALUES (?,?,?,?,?,?,?,?)",
-                    [[r["run_id"], r["generation"], r["candidate"], r["task_id"], json.dumps(r["path"]),
-                      r["reward"], r["correct"], r["cost_usd"]] for r in rows])
+                self.con.execute("BEGIN")
+                self.con.execute("INSERT OR REPLACE INTO episodes SELECT run_id, generation, candidate, task_id, path, "
+                                 "reward, correct, cost_usd FROM _new_episodes")
                 self.con.execute("COMMIT")
             except BaseException:
                 self.con.execute("ROLLBACK")
                 raise
+            finally:
+                self.con.unregister("_new_episodes")
 
     # ---------------------------------------------------------------- export
     def export_parquet(self, out_dir: str | Path, tables: Sequence[str] = ("responses", "states", "episodes")) -> dict[str, Path]:
