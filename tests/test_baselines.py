@@ -5,7 +5,6 @@ pick's probability); random search is deterministic by seed. Real: each method t
 pool and encoder on the same tasks and spends exactly the same episode budget; a REINFORCE run resumed
 from its checkpoint ends where an uninterrupted one does.
 """
-import json
 
 import numpy as np
 import pytest

@@ -11,7 +11,7 @@ import pytest
 
 from reference_episode import reference_play_episodes
 from trinity.config import PoolMember, RewardSettings
-from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, play_episodes
+from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, episode_rngs, play_episodes
 from trinity.coordinator.roles import coordinator_text
 from trinity.pool.runtime import Pool
 from trinity.records import ChatResponse, Task
@@ -64,9 +64,17 @@ def _pool(store):
                 {"verifier": 8}), models
 
 
-def _episodes(n_cand, sample=True, gen=0):
-    return [Episode(task=t, candidate=c, rng=episode_rng(7, gen, c, t.id) if sample else None)
-            for c in range(n_cand) for t in TASKS]
+def _episodes(n_cand, sample=True, gen=0, bulk=False):
+    """Sampled episodes get numpy Generators (episode_rng), or with bulk=True the streams evolve uses
+    (episode_rngs: the same draws)."""
+    pairs = [(c, t) for c in range(n_cand) for t in TASKS]
+    if not sample:
+        rngs = [None] * len(pairs)
+    elif bulk:
+        rngs = episode_rngs([(7, gen, c, t.id) for c, t in pairs])
+    else:
+        rngs = [episode_rng(7, gen, c, t.id) for c, t in pairs]
+    return [Episode(task=t, candidate=c, rng=r) for (c, t), r in zip(pairs, rngs)]
 
 
 def _summary(eps):
@@ -87,7 +95,7 @@ def test_optimised_loop_equals_reference(tmp_path, with_store):
             try:
                 pool, models = _pool(store)
                 states = StateCache(HashEncoder(), store)
-                eps = _episodes(len(heads), sample, gen)
+                eps = _episodes(len(heads), sample, gen, bulk=name == "optimised")
                 if name == "reference":
                     asyncio.run(reference_play_episodes(eps, heads, pool, states, 4, reward, grade))
                 else:

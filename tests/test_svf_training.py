@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from trinity.config import Settings
-from trinity.coordinator.episode import RolloutTrees, StateCache
+from trinity.coordinator.episode import StateCache
 from trinity.coordinator.head import HeadShape, ParamLayout
 from trinity.coordinator.roles import coordinator_text
 from trinity.evolve.sep_cma import evolve, param_layout

@@ -218,6 +218,9 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     if [p["name"] for p in meta["pool"]] != pool_names:
         raise ValueError(f"checkpoint {paths.checkpoint}.json was trained on pool {[p['name'] for p in meta['pool']]}, "
                          f"but params pool.members is {pool_names}: rerun evolve")
+    if meta.get("svf_layer") != settings.coordinator.svf_layer:
+        raise ValueError(f"checkpoint {paths.checkpoint}.json was trained with coordinator.svf_layer "
+                         f"{meta.get('svf_layer')!r}, params say {settings.coordinator.svf_layer!r}: rerun evolve")
     encoder = make_encoder(settings)
     if meta["encoder"] != encoder.encoder_id:
         raise ValueError(f"checkpoint encoder {meta['encoder']!r} differs from configured {encoder.encoder_id!r}")
@@ -294,14 +297,6 @@ FINAL_FITNESS_SAMPLES = 4
 """Seeded sampled episodes per training task when scoring each method's final parameters."""
 
 
-def _entropy(counts) -> float:
-    c = np.asarray([v for v in counts if v], dtype=np.float64)
-    if not len(c):
-        return 0.0
-    p = c / c.sum()
-    return float(-(p * np.log(p)).sum())
-
-
 def ablation(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     """The paper's optimiser ablation on our pool: sep-CMA-ES vs REINFORCE vs random search, each trained with
     `evolve.*` (same tasks, minibatches, episode seeds and episode budget), then scored the same way:
@@ -316,7 +311,8 @@ def ablation(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     """
     import asyncio
 
-    from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, play_episodes
+    from trinity.coordinator.episode import (Episode, RolloutTrees, StateCache, entropy_of_counts, episode_rng,
+                                             play_episodes)
     from trinity.evolve.sep_cma import param_layout
     from trinity.pool.errors import check_pool_config
     from trinity.pool.runtime import build_pool
@@ -369,7 +365,7 @@ def ablation(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
                 "final_fitness": float(np.mean([e.reward for e in fin])),
                 "final_train_accuracy": float(np.mean([e.correct for e in fin])),
                 "heldout_accuracy": float(np.mean([e.correct for e in held])) if held else 0.0,
-                "heldout_model_entropy": _entropy(usage.values()),
+                "heldout_model_entropy": entropy_of_counts(list(usage.values())),
                 "heldout_model_usage": usage,
                 "heldout_mean_turns": float(np.mean([len(e.turns) for e in held])) if held else 0.0,
                 "train_episodes": int(sum(r.episodes for r in h)),

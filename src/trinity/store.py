@@ -196,7 +196,7 @@ class Store:
     # ---------------------------------------------------------------- episodes
     def put_episodes(self, rows: Iterable[dict[str, Any]]) -> None:
         """One transaction for a whole generation's rows, inserted from an Arrow table (executemany costs
-        ~10 ms per row in DuckDB; a generation writes popsize x tasks rows)."""
+        ~10 ms per row in DuckDB; a generation writes popsize x tasks rows). `path`: a list, or its JSON."""
         rows = list(rows)
         if not rows:
             return
@@ -205,7 +205,7 @@ class Store:
             "generation": pa.array([r["generation"] for r in rows], pa.int32()),
             "candidate": pa.array([r["candidate"] for r in rows], pa.int32()),
             "task_id": pa.array([r["task_id"] for r in rows], pa.string()),
-            "path": pa.array([json.dumps(r["path"]) for r in rows], pa.string()),
+            "path": pa.array([p if isinstance(p := r["path"], str) else json.dumps(p) for r in rows], pa.string()),
             "reward": pa.array([float(r["reward"]) for r in rows], pa.float64()),
             "correct": pa.array([float(r["correct"]) for r in rows], pa.float64()),
             "cost_usd": pa.array([float(r["cost_usd"]) for r in rows], pa.float64()),

@@ -6,8 +6,8 @@ run (`expand-node`) on the task runner named by `evolve.task_runner`:
 
 - "threads": Prefect's ThreadPoolTaskRunner in this process (max_workers = pool.max_concurrency);
 - "dask":    prefect-dask's DaskTaskRunner on a distributed.LocalCluster of `evolve.dask_workers` worker
-             processes (`dask_threads_per_worker` threads each, no dashboard). Each worker loads the local
-             models it is asked for once and keeps them.
+             processes (`dask_threads_per_worker` threads each, on 127.0.0.1, no dashboard), told this
+             process's Prefect API URL. Each worker loads the local models it is asked for once and keeps them.
 
 Workers receive plain data (member settings, messages, sampling) and return the response; the main process
 prices, counts and stores it (`Pool._record`): DuckDB has one writer, and no worker opens the store.

@@ -22,6 +22,7 @@ import math
 import os
 import pickle
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
@@ -29,7 +30,8 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from trinity.config import Settings
-from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, model_pick_entropy, play_episodes
+from trinity.coordinator.episode import (ROLE_VALUE, Episode, RolloutTrees, StateCache, entropy_of_counts,
+                                        episode_rngs, play_episodes)
 from trinity.coordinator.head import HeadShape, ParamLayout
 from trinity.coordinator.roles import ROLES
 from trinity.records import Task
@@ -203,8 +205,9 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
         split = [layout.split(x) for x in X]
         heads = [W for _, W in split]
         adapters = [d for d, _ in split] if layout.n_svf else None
-        episodes = [Episode(task=t, candidate=c, rng=episode_rng(ev.seed, g, c, t.id))
-                    for c in range(len(X)) for t in tasks]
+        pairs = [(c, t) for c in range(len(X)) for t in tasks]
+        rngs = episode_rngs([(ev.seed, g, c, t.id) for c, t in pairs])
+        episodes = [Episode(task=t, candidate=c, rng=r) for (c, t), r in zip(pairs, rngs)]
         asyncio.run(play_episodes(episodes, heads, pool, states, settings.coordinator.max_turns, settings.reward,
                                   grade, adapters=adapters, trees=trees, keep_features=opt.needs_features))
         fitness = np.zeros(len(X))
@@ -213,19 +216,20 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
         opt.tell(X, fitness, episodes)
         if store is not None:
             store.put_episodes({"run_id": run_id, "generation": g, "candidate": e.candidate, "task_id": e.task.id,
-                                "path": e.path, "reward": e.reward, "correct": e.correct, "cost_usd": e.cost_usd}
+                                "path": e.path_json, "reward": e.reward, "correct": e.correct, "cost_usd": e.cost_usd}
                                for e in episodes)
         b = int(np.argmax(fitness))
         if fitness[b] > state["best"][0]:
             state["best"] = (float(fitness[b]), np.array(X[b]))
-        models = dict.fromkeys(pool.names, 0)
-        roles = dict.fromkeys((r.value for r in ROLES), 0)
+        names = pool.names
+        models = dict.fromkeys(names, 0)
+        roles = dict.fromkeys((ROLE_VALUE[r] for r in ROLES), 0)
         picks = []
         for e in episodes:
             picks += e.picks
-            for m, r in e.picks:
-                models[pool.names[m]] += 1
-                roles[r.value] += 1
+        for (m, r), k in Counter(picks).items():
+            models[names[m]] += k
+            roles[ROLE_VALUE[r]] += k
         calls = pool.stats.calls_made - calls0
         rec = GenerationRecord(
             generation=g, best_fitness=float(fitness.max()), mean_fitness=float(fitness.mean()),
@@ -233,7 +237,7 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
             states_encoded=states.encoded - enc0, cost_usd=pool.stats.cost_usd - cost0, model_usage=models,
             role_usage=roles, mean_accuracy=float(np.mean([e.correct for e in episodes])),
             wall_s=time.perf_counter() - t0, method=opt.method, episodes=len(episodes),
-            calls_per_episode=calls / len(episodes), model_entropy=model_pick_entropy(picks))
+            calls_per_episode=calls / len(episodes), model_entropy=entropy_of_counts(list(models.values())))
         state["history"].append(rec)
         state["generation"] = g + 1
         if resume_path is not None:

@@ -81,10 +81,14 @@ class Pool:
         self.expansion: Expansion = expansion or InProcessExpansion()
         self._inflight: dict[str, asyncio.Future] = {}
         self._sampling: dict[tuple[int, str | None], SamplingParams] = {}
+        self._names: list[str] = [m.name for m in self.members]
 
     @property
     def names(self) -> list[str]:
-        return [m.name for m in self.members]
+        names = [m.name for m in self.members]
+        if names != self._names:  # (members is a plain list; rebuild if someone swapped one)
+            self._names = names
+        return self._names
 
     def __len__(self) -> int:
         return len(self.members)
