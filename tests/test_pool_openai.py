@@ -413,3 +413,16 @@ def test_redacting_filter_scrubs_log_records(monkeypatch, caplog):
         logger.removeFilter(flt)
     assert "plain-secret-value-123" not in caplog.text
     assert "[REDACTED:MY_POOL_KEY]" in caplog.text
+
+
+def test_one_model_serves_several_event_loops(server, api_key):
+    """Training runs one asyncio loop per generation: the same member must keep working across them."""
+    from trinity.config import PoolSettings
+    from trinity.pool.runtime import build_pool
+
+    settings = PoolSettings(members=[member(server, model="loops", timeout_s=10.0, max_retries=0)], max_concurrency=2)
+    pool = build_pool(settings, store=None)
+    from trinity.records import ChatMessage
+    for i in range(3):
+        r = asyncio.run(pool.complete(0, [ChatMessage("user", f"q{i}")], "worker"))
+        assert r.ok, r.error

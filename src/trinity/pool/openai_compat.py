@@ -83,6 +83,21 @@ class _Attempt:
     give_up: bool = False
 
 
+class LoopLocalSemaphore:
+    """A concurrency cap shared by several members, re-created for each event loop it is used in."""
+
+    def __init__(self, value: int):
+        self.value = value
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sem: asyncio.Semaphore | None = None
+
+    def get(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._sem is None or loop is not self._loop:
+            self._loop, self._sem = loop, asyncio.Semaphore(self.value)
+        return self._sem
+
+
 class OpenAICompatibleChatModel:
     """A `ChatModel` backed by an OpenAI-compatible endpoint. See the module docstring for the policy.
 
@@ -128,14 +143,30 @@ class OpenAICompatibleChatModel:
         self._rng = rng or random.Random()
         self._sleep = sleep
         self._totals = UsageTotals()
-        self._client = openai.AsyncOpenAI(
-            api_key=key or _NO_KEY_PLACEHOLDER,
-            base_url=member.base_url,
-            timeout=member.timeout_s,
-            max_retries=0,
-            http_client=_http_client(transport, member),
-        )
+        self._transport = transport
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client = self._new_client()
         del key
+
+    def _new_client(self) -> Any:
+        return openai.AsyncOpenAI(
+            api_key=(self._key.values() or (_NO_KEY_PLACEHOLDER,))[0],
+            base_url=self.member.base_url,
+            timeout=self.member.timeout_s,
+            max_retries=0,
+            http_client=_http_client(self._transport, self.member),
+        )
+
+    def _bind_to_running_loop(self) -> None:
+        """HTTP clients and semaphores belong to one event loop; training runs one loop per generation
+        (asyncio.run), so a new loop gets a new client and a new per-model limit."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            self._loop = loop
+            self._client = self._new_client()
+            self._local_limit = asyncio.Semaphore(self.member.max_concurrency)
 
     # -- public ----------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -170,6 +201,7 @@ class OpenAICompatibleChatModel:
 
     async def chat(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
         """One chat completion, retried per the module policy. Never raises for model-side failures."""
+        self._bind_to_running_loop()
         t0 = time.monotonic()
         body = {
             "model": self.member.model,
@@ -208,7 +240,9 @@ class OpenAICompatibleChatModel:
     async def _attempt(self, body: dict[str, Any]) -> _Attempt:
         timeout_s = self.member.timeout_s
         try:
-            async with self._local_limit, (self._global_limit or contextlib.nullcontext()):
+            global_limit = self._global_limit.get() if isinstance(self._global_limit, LoopLocalSemaphore) \
+                else self._global_limit
+            async with self._local_limit, (global_limit or contextlib.nullcontext()):
                 async with asyncio.timeout(timeout_s):
                     # The SDK's generic `post` (its documented way to call any route) rather than the typed
                     # `chat.completions.create`: we build and parse the body ourselves (compatible servers

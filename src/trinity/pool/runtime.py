@@ -193,7 +193,9 @@ class Pool:
 def build_members(pool: PoolSettings) -> list[ChatModel]:
     """Instantiate every configured member. Fails before any work on an unknown backend or missing key."""
     members: list[ChatModel] = []
-    global_limit = asyncio.Semaphore(pool.max_concurrency)
+    from trinity.pool.openai_compat import LoopLocalSemaphore
+
+    global_limit = LoopLocalSemaphore(pool.max_concurrency)
     for m in pool.members:
         if m.backend == "local":
             from trinity.pool.local import LocalChatModel
