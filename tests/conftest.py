@@ -14,3 +14,18 @@ os.environ.setdefault("WANDB_DIR", os.path.join(_tmp, "wandb"))
 os.environ["WANDB_SILENT"] = "true"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+import pytest
+from pathlib import Path
+
+_BENCHMARKS = Path(os.environ.get("TRINITY_DATA_DIR")
+                   or Path(__file__).resolve().parents[1] / ".." / "shared" / "benchmarks").resolve()
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    """The benchmark directory (TRINITY_DATA_DIR, else ../shared/benchmarks beside the project)."""
+    if not (_BENCHMARKS / "SOURCES.md").is_file():
+        pytest.fail(f"benchmark data not found at {_BENCHMARKS}; set TRINITY_DATA_DIR")
+    return _BENCHMARKS

@@ -5,7 +5,6 @@ import csv
 import gzip
 import io
 import json
-import os
 import shutil
 import zipfile
 from collections import Counter
@@ -33,17 +32,6 @@ from trinity.data import (
 )
 from trinity.data.loaders import GPQA_PASSWORD
 from trinity.records import Task
-
-PROJECT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("TRINITY_DATA_DIR") or PROJECT / ".." / "shared" / "benchmarks").resolve()
-
-
-@pytest.fixture(scope="module")
-def root() -> Path:
-    if not (DATA / "SOURCES.md").is_file():
-        pytest.fail(f"benchmark data not found at {DATA}; set TRINITY_DATA_DIR")
-    return DATA
-
 
 @pytest.fixture(scope="module")
 def loaded(root) -> dict[str, list[Task]]:

@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,17 +13,6 @@ from trinity.grading import grade
 from trinity.grading.choice import extract_choice, grade_choice
 from trinity.grading.math import _VERIFY_PROCESS, as_number, extract_final_answer, grade_math, math_equal
 from trinity.records import Task
-
-PROJECT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("TRINITY_DATA_DIR") or PROJECT / ".." / "shared" / "benchmarks").resolve()
-
-
-@pytest.fixture(scope="module")
-def root() -> Path:
-    if not (DATA / "SOURCES.md").is_file():
-        pytest.fail(f"benchmark data not found at {DATA}; set TRINITY_DATA_DIR")
-    return DATA
-
 
 def _task(answer: str, answer_type: str) -> Task:
     return Task(id="t/1", source="t", prompt=("q",), grader="math", answer=answer, metadata={"answer_type": answer_type})

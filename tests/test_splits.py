@@ -7,7 +7,6 @@ import random
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -25,17 +24,6 @@ from trinity.data import (
     save_tasks,
 )
 from trinity.records import Task
-
-PROJECT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("TRINITY_DATA_DIR") or PROJECT / ".." / "shared" / "benchmarks").resolve()
-
-
-@pytest.fixture(scope="module")
-def root() -> Path:
-    if not (DATA / "SOURCES.md").is_file():
-        pytest.fail(f"benchmark data not found at {DATA}; set TRINITY_DATA_DIR")
-    return DATA
-
 
 @pytest.fixture(scope="module")
 def math500(root) -> list[Task]:
