@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--popsize", type=int, default=None, help="default: pycma's 4 + 3 ln n")
     args = ap.parse_args()
 
-    from trinity.coordinator.encoder import TranscriptEncoder
+    from trinity import stages
     from trinity.coordinator.episode import RolloutTrees, StateCache
     from trinity.data.splits import build_splits
     from trinity.evolve.sep_cma import evolve
@@ -57,7 +57,7 @@ def main() -> None:
     d = settings.data
     train, _ = build_splits(d.resolved_root(), train=d.train, heldout=d.heldout, seed=d.seed,
                             math500_max_level=d.math500_max_level)
-    encoder = TranscriptEncoder(settings.coordinator.encoder, max_tokens=settings.coordinator.max_encode_tokens)
+    encoder = stages.make_encoder(settings)
     curve = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trinity-bench-calls-") as tmp, Store(Path(tmp) / "s.duckdb") as store:

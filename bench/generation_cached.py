@@ -116,7 +116,7 @@ def main() -> None:
     if real:
         from trinity.coordinator.encoder import TranscriptEncoder
 
-        encoder = TranscriptEncoder(c.encoder, max_tokens=c.max_encode_tokens)
+        encoder = TranscriptEncoder(c.encoder, max_tokens=c.max_encode_tokens, dtype=c.encoder_dtype)
     else:
         encoder = StandInEncoder()
 

@@ -19,8 +19,12 @@ pool:
 
 
 def test_project_params_load():
+    from trinity.pool.bundled import BUNDLED
+
     s = load_settings(PROJECT_ROOT / "params.yaml")
-    assert len(s.pool.members) >= 2
+    # The default pool is the whole embedded pool: every bundled model, each run locally.
+    assert sorted(m.model for m in s.pool.members) == sorted(BUNDLED)
+    assert {m.backend for m in s.pool.members} == {"local"}
     assert s.evolve.sigma0 == pytest.approx(0.03)
 
 

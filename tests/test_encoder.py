@@ -208,3 +208,29 @@ def test_generic_forward_path_from_a_local_hf_directory(enc, monkeypatch):
         np.testing.assert_allclose(g, hf_hidden_states(enc, t)[12][0].mean(0).numpy(), atol=1e-4)
     with pytest.raises(NotImplementedError):
         TranscriptEncoder(str(hf_cache_root() / MODEL), svf_layer=3)
+
+
+@pytest.fixture(scope="module")
+def enc_bf16() -> TranscriptEncoder:
+    return TranscriptEncoder(MODEL, feature_cache_entries=0, dtype="bfloat16")
+
+
+def test_bfloat16_features_follow_fp32_and_have_their_own_id(enc, enc_bf16):
+    texts = transcripts(EPISODE)
+    full32 = enc.encode(texts, reuse=False)
+    full16 = enc_bf16.encode(texts, reuse=False)
+    assert full16.dtype == np.float32 and enc_bf16.dtype == torch.bfloat16
+    cos = (full16 * full32).sum(1) / np.linalg.norm(full16, axis=1) / np.linalg.norm(full32, axis=1)
+    assert cos.min() > 0.999, cos
+    assert "/bf16/" in enc_bf16.encoder_id and "/fp32/" in enc.encoder_id  # never mixed in the state store
+    enc_bf16.clear_cache()
+    incremental = np.stack([enc_bf16.encode([t])[0] for t in texts])  # prefix reuse in bf16
+    cos_inc = (incremental * full16).sum(1) / np.linalg.norm(incremental, axis=1) / np.linalg.norm(full16, axis=1)
+    assert cos_inc.min() > 0.999, cos_inc
+
+
+def test_dtype_is_validated():
+    with pytest.raises(ValueError, match="dtype"):
+        encoder_mod.resolve_dtype("float16")
+    assert encoder_mod.resolve_dtype("float32") is torch.float32
+    assert encoder_mod.resolve_dtype("auto") in (torch.float32, torch.bfloat16)

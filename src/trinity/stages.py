@@ -53,8 +53,8 @@ def _write_json(path: Path, obj) -> None:
 def make_encoder(settings: Settings):
     from trinity.coordinator.encoder import TranscriptEncoder
 
-    return TranscriptEncoder(settings.coordinator.encoder, max_tokens=settings.coordinator.max_encode_tokens,
-                             svf_layer=settings.coordinator.svf_layer)
+    c = settings.coordinator
+    return TranscriptEncoder(c.encoder, max_tokens=c.max_encode_tokens, svf_layer=c.svf_layer, dtype=c.encoder_dtype)
 
 
 def _role_caps(settings: Settings) -> dict[str, int]:
