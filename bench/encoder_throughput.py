@@ -6,8 +6,12 @@ way the paper's code does it, `model(**tokenizer(text), output_hidden_states=Tru
 transformers model object, taking `hidden_states[-1][0, -2]`. Both sides tokenize, run on the same
 threads, are warmed up, and alternate order within each repetition; the figure is the ratio of
 tokens/s, median over repetitions. Features of both sides are compared (they must agree to ~1e-5).
+--dtype picks the compute dtype of the shared model object (default auto, as the pipeline's
+coordinator.encoder_dtype: bfloat16 on CPUs with native bf16 kernels). When that is not float32, a plain fp32
+forward of a second copy is timed too (detail: the speed-up over the paper's fp32 way, and how far the
+features moved).
 
-Usage: .venv/bin/python bench/encoder_throughput.py [--model smollm2-135m-instruct] [--reps 5]
+Usage: .venv/bin/python bench/encoder_throughput.py [--model smollm2-135m-instruct] [--reps 5] [--dtype auto]
 Last line: one JSON object (see bench format in DESIGN.md).
 """
 from __future__ import annotations
@@ -26,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 from prefix_reuse import transcripts  # noqa: E402
-from trinity.coordinator.encoder import TranscriptEncoder  # noqa: E402
+from trinity.coordinator.encoder import TranscriptEncoder, load_causal_lm  # noqa: E402
 
 import torch  # noqa: E402  (after the encoder module, which sets the OpenMP wait policy first)
 
@@ -36,9 +40,10 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--lengths", default="300,750,1500")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     args = ap.parse_args()
 
-    enc = TranscriptEncoder(args.model, feature_cache_entries=0)
+    enc = TranscriptEncoder(args.model, feature_cache_entries=0, dtype=args.dtype)
     lm, tok = enc.model, enc.tokenizer
     episode = transcripts()[-1]
     ids = enc.tokenize(episode + episode)
@@ -56,20 +61,32 @@ def main() -> None:
         return enc.encode([text], reuse=False)[0]
 
     sides = {"encoder": ours, "plain": plain}
+    if enc.dtype != torch.float32:
+        lm32 = load_causal_lm(args.model).model  # fp32, as loaded
+
+        def plain_fp32(text: str) -> np.ndarray:
+            with torch.no_grad():
+                return lm32(**tok(text, return_tensors="pt"), output_hidden_states=True).hidden_states[-1][0, -2].numpy().copy()
+
+        sides["plain_fp32"] = plain_fp32
     for f in sides.values():  # warm-up
         f(texts[0])
     times = {s: [[] for _ in texts] for s in sides}
     max_diff = 0.0
+    cos_fp32 = []
     ratios = []
     for rep in range(args.reps):
         for i, text in enumerate(texts):
-            order = ("encoder", "plain") if (rep + i) % 2 == 0 else ("plain", "encoder")
+            order = tuple(sides) if (rep + i) % 2 == 0 else tuple(reversed(sides))
             feats = {}
             for s in order:
                 t0 = time.perf_counter()
                 feats[s] = sides[s](text)
                 times[s][i].append(time.perf_counter() - t0)
             max_diff = max(max_diff, float(np.abs(feats["encoder"] - feats["plain"]).max()))
+            if "plain_fp32" in feats:
+                a, b = feats["encoder"].astype(np.float64), feats["plain_fp32"].astype(np.float64)
+                cos_fp32.append(float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)))
         rep_enc = sum(x[-1] for x in times["encoder"])
         rep_plain = sum(x[-1] for x in times["plain"])
         ratios.append(rep_plain / rep_enc)
@@ -96,6 +113,9 @@ def main() -> None:
             "plain_ms": [round(v * 1e3, 1) for v in med["plain"]],
             "per_rep_ratio": [round(r, 3) for r in ratios],
             "max_abs_feature_diff": max_diff,
+            **({"plain_fp32_tokens_per_s": round(tps["plain_fp32"], 1),
+                "speedup_vs_plain_fp32": round(tps["encoder"] / tps["plain_fp32"], 3),
+                "min_cosine_vs_fp32_features": round(min(cos_fp32), 6)} if cos_fp32 else {}),
         },
     }))
 

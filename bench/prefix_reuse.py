@@ -81,9 +81,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
+                    help="encoder compute dtype (float32: reuse vs re-encode must agree to ~1e-5; in bfloat16 the two "
+                         "round differently, so the feature check is looser)")
     args = ap.parse_args()
 
-    enc = TranscriptEncoder(args.model, feature_cache_entries=0)
+    enc = TranscriptEncoder(args.model, feature_cache_entries=0, dtype=args.dtype)
     texts = transcripts()
     n_tokens = [len(enc.tokenize(t)) for t in texts]
     turn_tokens = [n_tokens[0]] + [b - a for a, b in zip(n_tokens, n_tokens[1:])]

@@ -16,3 +16,27 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def run_stage(name: str, params: str = "params.yaml", summarize=None) -> dict:
+    """The body of every stage flow: load and validate params, open the stage's W&B run, run the stage
+    (trinity.stages.run_stage), log its summary (`summarize(out)` when given, else the result itself)."""
+    from trinity import stages
+    from trinity.config import load_settings
+    from trinity.tracking import StageRun
+
+    settings = load_settings(params if os.path.isabs(params) else ROOT / params)
+    with StageRun(settings, name, root=ROOT) as run:
+        out = stages.run_stage(name, settings, stages.Paths(ROOT), tracker=run)
+        run.summary(summarize(out) if summarize else out)
+    print(f"[{name}] {out if summarize is None else summarize(out)}")
+    return out
+
+
+def main(flow_fn) -> None:
+    """`python flows/<stage>.py [--params FILE]`: what `dvc repro` runs."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=flow_fn.__doc__)
+    ap.add_argument("--params", default="params.yaml")
+    flow_fn(ap.parse_args().params)

@@ -3,30 +3,22 @@
 Not part of the default chain: plain `dvc repro` reproduces ./dvc.yaml only (prepare → … → report);
 the ablation's stage lives in its own pipeline file, ablation/dvc.yaml, and trains three coordinators.
 """
-from _bootstrap import ROOT  # hermetic defaults before prefect is imported
-
-import argparse
-import os
+from _bootstrap import main, run_stage  # hermetic defaults before prefect is imported
 
 from prefect import flow
 
-from trinity import stages
-from trinity.config import load_settings
-from trinity.tracking import StageRun
+
+def _scalars(out: dict) -> dict:
+    """W&B summary: every numeric result of every method, as '<method>/<key>'."""
+    return {f"{r['method']}/{k}": v for r in out["methods"] for k, v in r.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 @flow(name="trinity-ablation", log_prints=True)
 def ablation_flow(params: str = "params.yaml") -> dict:
-    settings = load_settings(params if os.path.isabs(params) else ROOT / params)
-    with StageRun(settings, "ablation", root=ROOT) as run:
-        out = stages.ablation(settings, stages.Paths(ROOT), tracker=run)
-        run.summary({f"{r['method']}/{k}": v for r in out["methods"] for k, v in r.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    print(f"[ablation] wrote reports/ablation.md and data/ablation/results.json")
-    return out
+    """Train sep-CMA-ES, REINFORCE and random search on the same budget; write reports/ablation.md."""
+    return run_stage("ablation", params, summarize=_scalars)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--params", default="params.yaml")
-    ablation_flow(ap.parse_args().params)
+    main(ablation_flow)

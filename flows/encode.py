@@ -1,27 +1,14 @@
 """Prefect flow for the 'encode' stage (`dvc repro` runs `python flows/encode.py`)."""
-from _bootstrap import ROOT  # hermetic defaults before prefect is imported
-
-import argparse
-import os
+from _bootstrap import main, run_stage  # hermetic defaults before prefect is imported
 
 from prefect import flow
-
-from trinity import stages
-from trinity.config import load_settings
-from trinity.tracking import StageRun
 
 
 @flow(name="trinity-encode")
 def encode_flow(params: str = "params.yaml") -> dict:
-    settings = load_settings(params if os.path.isabs(params) else ROOT / params)
-    with StageRun(settings, "encode", root=ROOT) as run:
-        out = stages.encode(settings, stages.Paths(ROOT))
-        run.summary(out)
-    print(f"[encode] {out}")
-    return out
+    """Run the encode stage with the given params file (relative paths are from the project root)."""
+    return run_stage("encode", params)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--params", default="params.yaml")
-    encode_flow(ap.parse_args().params)
+    main(encode_flow)

@@ -1,7 +1,5 @@
 """The whole pipeline as one Prefect flow (for deployments); `dvc repro` runs the stage flows instead."""
-import _bootstrap  # noqa: F401
-
-import argparse
+from _bootstrap import main  # hermetic defaults before prefect is imported
 
 from prefect import flow
 
@@ -14,14 +12,11 @@ from report import report_flow
 
 @flow(name="trinity-pipeline")
 def pipeline_flow(params: str = "params.yaml") -> dict:
-    out = {}
-    for name, fl in [("prepare", prepare_flow), ("encode", encode_flow), ("evolve", evolve_flow),
-                     ("evaluate", evaluate_flow), ("report", report_flow)]:
-        out[name] = fl(params)
-    return out
+    """prepare → encode → evolve → evaluate → report, each as a subflow."""
+    return {name: fl(params) for name, fl in [("prepare", prepare_flow), ("encode", encode_flow),
+                                              ("evolve", evolve_flow), ("evaluate", evaluate_flow),
+                                              ("report", report_flow)]}
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--params", default="params.yaml")
-    pipeline_flow(ap.parse_args().params)
+    main(pipeline_flow)

@@ -18,6 +18,8 @@ from trinity.evolve.sep_cma import GenerationRecord, evolve, minibatch
 from trinity.records import Task
 from trinity.store import Store
 
+from tiny_setup import ARITHMETIC_TASKS, ROLE_CAPS, SHORT_COORDINATOR, SMOL_PAIR_POOL
+
 # ----------------------------------------------------------------------------------------------- unit
 
 
@@ -116,16 +118,11 @@ def test_generation_logger_logs_every_member_and_role():
 # ----------------------------------------------------------------------------------------------- real
 
 BASE = {
-    "pool": {"members": [
-        {"name": "smol-a", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 16, "temperature": 0.8},
-        {"name": "smol-b", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 12, "temperature": 0.3},
-    ]},
-    "coordinator": {"max_turns": 2, "thinker_max_tokens": 12, "verifier_max_tokens": 4, "max_encode_tokens": 384},
+    "pool": SMOL_PAIR_POOL,
+    "coordinator": SHORT_COORDINATOR,
     "evolve": {"generations": 2, "popsize": 4, "episodes_per_candidate": 2, "sigma0": 0.3, "reinforce_lr": 0.01},
 }
-TASKS = [Task(id="g/1", source="gsm8k", prompt=("What is 7 times 6?",), grader="math", answer="42"),
-         Task(id="g/2", source="gsm8k", prompt=("What is 12 plus 30?",), grader="math", answer="42"),
-         Task(id="g/3", source="gsm8k", prompt=("What is 50 minus 8?",), grader="math", answer="42")]
+TASKS = ARITHMETIC_TASKS
 
 
 def _settings(method, **evolve):
@@ -144,7 +141,7 @@ def test_methods_train_on_the_same_tasks_with_the_same_budget(tmp_path, encoder)
     from trinity.pool.runtime import build_pool
 
     with Store(tmp_path / "s.duckdb") as store:
-        pool = build_pool(_settings("sep_cma").pool, store, {"thinker": 12, "verifier": 4})
+        pool = build_pool(_settings("sep_cma").pool, store, ROLE_CAPS)
         states, trees = StateCache(encoder, store), RolloutTrees()
         results = {}
         for method in ("sep_cma", "reinforce", "random_search"):
@@ -179,7 +176,7 @@ def test_methods_train_on_the_same_tasks_with_the_same_budget(tmp_path, encoder)
             raise Interrupted
 
     with Store(tmp_path / "s.duckdb") as store:
-        pool = build_pool(_settings("sep_cma").pool, store, {"thinker": 12, "verifier": 4})
+        pool = build_pool(_settings("sep_cma").pool, store, ROLE_CAPS)
         states = StateCache(encoder, store)
         ckpt = tmp_path / "resume.pkl"
         with pytest.raises(Interrupted):

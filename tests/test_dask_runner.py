@@ -9,19 +9,16 @@ from trinity.config import Settings
 from trinity.coordinator.episode import StateCache
 from trinity.evolve.engine import TaskRunnerExpansion, run_expanding
 from trinity.evolve.sep_cma import evolve
-from trinity.records import Task
 from trinity.store import Store
 
+from tiny_setup import ARITHMETIC_TASKS, ROLE_CAPS, SHORT_COORDINATOR, SMOL_PAIR_POOL
+
 SETTINGS = {
-    "pool": {"members": [
-        {"name": "smol-a", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 16, "temperature": 0.8},
-        {"name": "smol-b", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 12, "temperature": 0.3},
-    ]},
-    "coordinator": {"max_turns": 2, "thinker_max_tokens": 12, "verifier_max_tokens": 4, "max_encode_tokens": 384},
+    "pool": SMOL_PAIR_POOL,
+    "coordinator": SHORT_COORDINATOR,
     "evolve": {"generations": 1, "popsize": 6, "episodes_per_candidate": 2, "sigma0": 0.5, "dask_workers": 2},
 }
-TASKS = [Task(id="g/1", source="gsm8k", prompt=("What is 7 times 6?",), grader="math", answer="42"),
-         Task(id="g/2", source="gsm8k", prompt=("What is 12 plus 30?",), grader="math", answer="42")]
+TASKS = ARITHMETIC_TASKS[:2]
 
 
 def test_dask_generation_equals_thread_generation(tmp_path):
@@ -35,7 +32,7 @@ def test_dask_generation_equals_thread_generation(tmp_path):
         s = Settings.model_validate({**SETTINGS, "evolve": {**SETTINGS["evolve"], "task_runner": runner}})
         expansion = TaskRunnerExpansion()
         with Store(tmp_path / f"{runner}.duckdb") as store:  # each runner pays for its own calls
-            pool = build_pool(s.pool, store, {"thinker": 12, "verifier": 4})
+            pool = build_pool(s.pool, store, ROLE_CAPS)
             res = run_expanding(lambda: evolve(s, TASKS, pool, StateCache(encoder, store), grade, store=store,
                                                run_id="gen"), s, pool, task_runner=True, expansion=expansion)
             rows = store.con.execute("SELECT candidate, task_id, path, reward, correct FROM episodes ORDER BY ALL").fetchall()

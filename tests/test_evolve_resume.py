@@ -48,17 +48,32 @@ def _responses(root: Path) -> int:
         con.close()
 
 
+def _set_generations(root: Path, n: int) -> None:
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["evolve"]["generations"] = n
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+
+
+def _history(root: Path) -> list[dict]:
+    return json.loads((root / "data/evolve/history.json").read_text())
+
+
 def test_kill9_then_resume_matches_uninterrupted_run(tmp_path):
+    """Reference `a`: one uninterrupted run of G+2 generations. `b`: G generations, kill -9 at a random moment,
+    the same command again, then asked for G+2: it carries on from G, and ends with a's exact parameters."""
     env = {**os.environ, "WANDB_MODE": "disabled"}
+    G = TINY["evolve"]["generations"]
     a, b = tmp_path / "a", tmp_path / "b"
     _setup(a)
-    t0 = time.perf_counter()
+    _set_generations(a, G + 2)
     subprocess.run(_cli(a, "evolve"), check=True, capture_output=True, timeout=900, env=env)
-    duration = time.perf_counter() - t0
+    ha = _history(a)
     calls_a = json.loads((a / "data/evolve/metrics.json").read_text())["calls_made"]
-    assert calls_a > 0
+    calls_a_first_g = sum(h["calls_made"] for h in ha[:G])
+    assert calls_a > calls_a_first_g > 0
 
     _setup(b)
+    duration = sum(h["wall_s"] for h in ha[:G])
     delay = random.uniform(0.3, 0.9) * duration
     p = subprocess.Popen(_cli(b, "evolve"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     time.sleep(delay)
@@ -69,13 +84,19 @@ def test_kill9_then_resume_matches_uninterrupted_run(tmp_path):
     paid_before = _responses(b)
     subprocess.run(_cli(b, "evolve"), check=True, capture_output=True, timeout=900, env=env)
     calls_resumed = json.loads((b / "data/evolve/metrics.json").read_text())["calls_made"]
+    hb = _history(b)
+    assert len(hb) == G
+    assert [h["best_fitness"] for h in hb] == [h["best_fitness"] for h in ha[:G]]
+    # nothing paid twice: the resumed run paid only for what the killed one had not stored
+    assert paid_before + calls_resumed == calls_a_first_g == _responses(b)
 
+    _set_generations(b, G + 2)  # more generations: the finished run carries on, it does not start over
+    subprocess.run(_cli(b, "evolve"), check=True, capture_output=True, timeout=900, env=env)
+    hb = _history(b)
+    assert [h["generation"] for h in hb] == list(range(G + 2))
+    assert [h["best_fitness"] for h in hb] == [h["best_fitness"] for h in ha]
     np.testing.assert_array_equal(np.load(a / "data/checkpoints/coordinator.npy"),
                                   np.load(b / "data/checkpoints/coordinator.npy"))
-    ha = json.loads((a / "data/evolve/history.json").read_text())
-    hb = json.loads((b / "data/evolve/history.json").read_text())
-    assert [h["best_fitness"] for h in ha] == [h["best_fitness"] for h in hb]
-    # nothing paid twice: the resumed run paid only for what the killed one had not stored
-    assert paid_before + calls_resumed == calls_a == _responses(b) == _responses(a)
+    assert _responses(b) == _responses(a) == calls_a
     print(f"killed={killed} after {delay:.1f}s of {duration:.1f}s; paid before kill {paid_before}, "
-          f"after {calls_resumed}, uninterrupted {calls_a}")
+          f"after {calls_resumed}, uninterrupted {calls_a_first_g} (+{calls_a - calls_a_first_g} for 2 more generations)")

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from trinity.stages import STAGES  # light: numpy + the settings schema; torch loads only when a stage runs
+
 
 def _ask(args) -> int:
     from trinity import stages
@@ -47,8 +49,8 @@ def _stage(args) -> int:
     from trinity.config import load_settings
 
     settings = load_settings(args.params)
-    out = getattr(stages, args.name)(settings, stages.Paths(Path(args.root).resolve()))
-    print(json.dumps(out if isinstance(out, dict) else {"output": str(out)}, default=str))
+    out = stages.run_stage(args.name, settings, stages.Paths(Path(args.root).resolve()))
+    print(json.dumps(out, default=str))
     return 0
 
 
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--root", default=".", help="project directory holding data/")
     s = sub.add_parser("stage", help="run one pipeline stage without W&B (and without Prefect, unless "
                                       "evolve.task_runner is 'dask')")
-    s.add_argument("name", choices=["prepare", "encode", "evolve", "evaluate", "report", "ablation"])
+    s.add_argument("name", choices=STAGES)
     s.add_argument("--params", default="params.yaml")
     s.add_argument("--root", default=".")
     c = sub.add_parser("check-graders", help="canonical solutions through the graders; one JSON line per benchmark")

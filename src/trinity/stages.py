@@ -257,6 +257,53 @@ def _param_sentence(meta: dict) -> str:
             f"each of its linear layers) = {meta['n_params']} parameters")
 
 
+PAPER_TRAINING_EPISODES = 60 * 33 * 16
+"""The paper's training budget: 60 generations x ~33 candidates x 16 episodes (~31.7k episodes)."""
+
+
+def _reading(res: dict, meta: dict, history: list[dict], paths: Paths) -> list[str]:
+    """Plain-language reading of this run's table, computed from its own results (no fixed verdict)."""
+    by = {r["method"]: r for r in res["methods"]}
+    me = by.get("trinity")
+    singles = [r for r in res["methods"] if r["method"].startswith("alone:")]
+    if me is None or not singles:
+        return []
+    best = max(singles, key=lambda r: r["accuracy"])
+    rnd = by.get("random-routing")
+    if me["accuracy"] > best["accuracy"]:
+        verdict = "beat its best single member"
+    elif me["accuracy"] == best["accuracy"]:
+        verdict = "tied its best single member"
+    else:
+        verdict = "did **not** beat its best single member"
+    out = [f"**Reading it.** The evolved coordinator scored {me['accuracy']:.3f} against {best['accuracy']:.3f} for the "
+           f"best member alone (`{best['method']}`)" + (f" and {rnd['accuracy']:.3f} for random routing" if rnd else "")
+           + f": on these {res['n_items']} items it {verdict}."]
+    picks_m, picks_r, turns = {}, {}, 0
+    names = [p["name"] for p in meta["pool"]]
+    ep_file = paths.eval_dir / "episodes.jsonl"
+    if ep_file.exists():
+        for line in ep_file.read_text().splitlines():
+            e = json.loads(line)
+            if e.get("method") != "trinity":
+                continue
+            for m, r in e.get("path", []):
+                name = names[int(m)] if str(m).isdigit() and int(m) < len(names) else str(m)
+                picks_m[name] = picks_m.get(name, 0) + 1
+                picks_r[r] = picks_r.get(r, 0) + 1
+                turns += 1
+    if turns:
+        fmt = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))  # noqa: E731
+        out.append(f"Its {turns} held-out turns went to: {fmt(picks_m)}; roles: {fmt(picks_r)}.")
+    episodes = sum(int(h.get("episodes") or 0) for h in history)
+    if episodes:
+        out.append(f"Training played {episodes:,} episodes ({len(history)} generations); the paper trains on about "
+                   f"{PAPER_TRAINING_EPISODES:,} (60 generations x ~33 candidates x 16 tasks). To train further, raise "
+                   f"`evolve.generations` (a finished run carries on from its last generation) and "
+                   f"`evolve.episodes_per_candidate` / `data.train`.")
+    return out
+
+
 def report(settings: Settings, paths: Paths = Paths()) -> Path:
     from trinity.store import Store
 
@@ -275,6 +322,8 @@ def report(settings: Settings, paths: Paths = Paths()) -> Path:
     for r in res["methods"]:
         lines.append(f"| {r['method']} | {r['accuracy']:.3f} | {r['n']} | {r['mean_turns']:.2f} | {r['calls']} | "
                      f"{r['cost_usd']:.4f} |")
+    for paragraph in _reading(res, meta, history, paths):
+        lines += ["", paragraph]
     lines += ["", "`trinity` = the evolved coordinator (argmax policy); `alone:<model>` = that model as Worker for one "
               "turn; `random-routing` = uniform random model and role each turn (same episode loop, seeded).",
               "LLM calls (new) counts calls not already in the response store when this method ran.", "",
@@ -445,3 +494,20 @@ def _write_ablation_report(res: dict, path: Path) -> None:
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
+
+
+# ------------------------------------------------------------------------------------------ dispatch
+STAGES = ("prepare", "encode", "evolve", "evaluate", "report", "ablation")
+_TRACKED = frozenset({"evolve", "evaluate", "ablation"})
+"""Stages that log per-generation / per-method metrics to the tracker while they run."""
+
+
+def run_stage(name: str, settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
+    """Run one stage by name: the single dispatch behind every Prefect flow and `trinity stage`.
+    Returns the stage's result as a JSON-able dict (the report stage: {"report": <path>})."""
+    if name not in STAGES:
+        raise ValueError(f"unknown stage {name!r}: expected one of {', '.join(STAGES)}")
+    fn = globals()[name]
+    out = fn(settings, paths, tracker=tracker) if name in _TRACKED else fn(settings, paths)
+    return out if isinstance(out, dict) else {name: str(out)}
+

@@ -72,11 +72,26 @@ def policy_gradient(shape: HeadShape, theta: np.ndarray, episodes: Sequence[Epis
     return (grad / len(episodes)).reshape(-1)
 
 
-class Reinforce:
+class _PlainStateOptimizer:
+    """What the baselines share: their answer is one numpy vector (attribute named by `_answer`) and all their
+    state is plain numpy, so the pickled checkpoint restores them whole."""
+
+    _answer: str
+
+    @property
+    def params(self) -> np.ndarray:
+        return np.array(getattr(self, self._answer), dtype=np.float64)
+
+    def resume(self) -> None:
+        pass
+
+
+class Reinforce(_PlainStateOptimizer):
     """REINFORCE with a leave-one-out baseline and Adam (ascent). Head only (see module doc)."""
 
     method = "reinforce"
     needs_features = True
+    _answer = "theta"
 
     def __init__(self, layout: ParamLayout, popsize: int, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8):
@@ -108,22 +123,16 @@ class Reinforce:
         self.theta = self.theta + self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
 
     @property
-    def params(self) -> np.ndarray:
-        return self.theta.copy()
-
-    @property
     def sigma(self) -> float:
         return self.lr
 
-    def resume(self) -> None:
-        pass
 
-
-class RandomSearch:
+class RandomSearch(_PlainStateOptimizer):
     """(1+λ) random search around the incumbent with a fixed σ (see module doc)."""
 
     method = "random_search"
     needs_features = False
+    _answer = "best"
 
     def __init__(self, n: int, popsize: int, sigma: float, seed: int):
         if popsize < 2:
@@ -145,12 +154,5 @@ class RandomSearch:
         self.generation += 1
 
     @property
-    def params(self) -> np.ndarray:
-        return self.best.copy()
-
-    @property
     def sigma(self) -> float:
         return self._sigma
-
-    def resume(self) -> None:
-        pass

@@ -188,10 +188,11 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
     if resume_path is not None and resume_path.exists():
         with open(resume_path, "rb") as f:
             state = pickle.load(f)
-        if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
-            state = None  # different run: start over (the old state stays out of the way)
+        if (not isinstance(state, dict) or state.get("fingerprint") != fingerprint
+                or state.get("generation", 0) > ev.generations):
+            state = None  # a different run, or one already past the asked length: start over
         else:
-            state["optimizer"].resume()
+            state["optimizer"].resume()  # same run, possibly asked for more generations: carry on
     if state is None:
         state = {"optimizer": make_optimizer(settings, layout), "generation": 0, "history": [],
                  "best": (-np.inf, np.zeros(n)), "fingerprint": fingerprint}
@@ -248,8 +249,9 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
                            history=state["history"], layout=layout)
 
 
-_RUNTIME_ONLY = {"task_runner", "dask_workers", "dask_threads_per_worker"}
-"""evolve.* keys that choose where calls run, never what they return: changing them keeps a run resumable."""
+_RUNTIME_ONLY = {"task_runner", "dask_workers", "dask_threads_per_worker", "generations"}
+"""evolve.* keys that change no generation already played: where calls run, and how many generations to play
+(generation g's tasks and seeds depend on g only), so raising `generations` extends a finished run."""
 
 
 def _fingerprint(settings: Settings, layout: ParamLayout, train: Sequence[Task]) -> str:
