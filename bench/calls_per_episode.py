@@ -1,13 +1,14 @@
 """P-bench: LLM calls per evaluated episode, per generation, over a 20-generation sep-CMA-ES run.
 
-The embedded pool (SmolLM2-135M and Qwen2.5-Coder-0.5B, small max_tokens) and the bundled encoder play the
+The embedded pool (all four bundled models, as in params.yaml, with small max_tokens; --pool pair keeps only
+SmolLM2-135M and Qwen2.5-Coder-0.5B) and the bundled encoder play the
 pipeline's default training setup (params.yaml: MATH-500 level <= 2 and MMLU, 3 + 3 tasks, 3 tasks per
 generation, pycma's default popsize, max_turns 3) for 20 generations in a fresh temporary store. Every
 never-seen node of a rollout tree costs one call; everything stored is free. The figure is new calls per
 episode in the last generation (goal <= 0.1); the detail holds the whole curve, the totals, and what the
 same episodes would have cost without the store (one call per turn played).
 
-Usage: .venv/bin/python bench/calls_per_episode.py [--generations 20] [--max-turns 3] [--tasks 3,3]
+Usage: .venv/bin/python bench/calls_per_episode.py [--generations 20] [--max-turns 3] [--tasks 3,3] [--pool all]
 Last line: one JSON object (see the bench format in DESIGN.md).
 """
 from __future__ import annotations
@@ -25,6 +26,13 @@ sys.path.insert(0, str(ROOT / "src"))
 from trinity.config import Settings  # noqa: E402
 
 
+POOLS = {
+    "pair": [("smollm2-135m", "smollm2-135m-instruct"), ("qwen-coder-0.5b", "qwen2.5-coder-0.5b-instruct")],
+    "all": [("smollm2-135m", "smollm2-135m-instruct"), ("qwen-coder-0.5b", "qwen2.5-coder-0.5b-instruct"),
+            ("qwen-coder-1.5b", "qwen2.5-coder-1.5b-instruct"), ("gemma3-270m", "gemma-3-270m")],
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--generations", type=int, default=20)
@@ -32,6 +40,8 @@ def main() -> None:
     ap.add_argument("--tasks", default="3,3", help="MATH-500,MMLU training items")
     ap.add_argument("--episodes-per-candidate", type=int, default=3)
     ap.add_argument("--popsize", type=int, default=None, help="default: pycma's 4 + 3 ln n")
+    ap.add_argument("--pool", choices=["all", "pair"], default="all",
+                    help="all: the four bundled models (the default pool); pair: SmolLM2-135M + Qwen2.5-Coder-0.5B")
     args = ap.parse_args()
 
     from trinity import stages
@@ -45,10 +55,8 @@ def main() -> None:
     n_math, n_mmlu = (int(x) for x in args.tasks.split(","))
     settings = Settings.model_validate({
         "data": {"train": {"math500": n_math, "mmlu": n_mmlu}, "heldout": {"gsm8k": 1}, "math500_max_level": 2},
-        "pool": {"members": [
-            {"name": "smollm2-135m", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 24},
-            {"name": "qwen-coder-0.5b", "backend": "local", "model": "qwen2.5-coder-0.5b-instruct", "max_tokens": 24},
-        ]},
+        "pool": {"members": [{"name": name, "backend": "local", "model": model, "max_tokens": 24}
+                             for name, model in POOLS[args.pool]]},
         "coordinator": {"max_turns": args.max_turns, "thinker_max_tokens": 16, "verifier_max_tokens": 4,
                         "max_encode_tokens": 512},
         "evolve": {"generations": args.generations, "popsize": args.popsize,

@@ -100,3 +100,38 @@ def test_kill9_then_resume_matches_uninterrupted_run(tmp_path):
     assert _responses(b) == _responses(a) == calls_a
     print(f"killed={killed} after {delay:.1f}s of {duration:.1f}s; paid before kill {paid_before}, "
           f"after {calls_resumed}, uninterrupted {calls_a_first_g} (+{calls_a - calls_a_first_g} for 2 more generations)")
+
+
+def test_sep_cma_pickled_mid_run_asks_what_the_uninterrupted_run_asks():
+    """In-process check of the mechanism: pycma's sampler must not live on numpy's global RNG (pickling its bound
+    `randn` would copy a stale RandomState), and other np.random use must not shift it."""
+    import pickle
+
+    from trinity.evolve.sep_cma import SepCMA
+
+    def fitness(X):
+        return np.array([float(np.sum(x[:5])) for x in X])
+
+    def run(o, gens, meddle=False):
+        out = []
+        for _ in range(gens):
+            X = o.ask()
+            if meddle:
+                np.random.rand(7)  # someone else draws from the global RNG mid-generation
+            o.tell(X, fitness(X), None)
+            out.append(X)
+        return out
+
+    ref = run(SepCMA(500, 0.5, 6, seed=3), 3)
+    o = SepCMA(500, 0.5, 6, seed=3)
+    first = run(o, 1, meddle=True)
+    blob = pickle.dumps(o)
+    np.random.seed(99)  # the resuming process's global RNG is anything at all
+    resumed = pickle.loads(blob)
+    resumed.resume()
+    rest = run(resumed, 2, meddle=True)
+    for want, got in zip(ref, first + rest):
+        np.testing.assert_array_equal(np.asarray(want), np.asarray(got))
+    state = np.random.get_state()[1].copy()
+    SepCMA(500, 0.5, 6, seed=3).ask()
+    assert np.array_equal(state, np.random.get_state()[1])  # the optimiser leaves the global RNG alone

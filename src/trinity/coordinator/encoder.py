@@ -9,8 +9,11 @@ and almost all of the cost of a training run's encoding is spent on tokens it ha
   rollout tree share their parent's transcript. The encoder keeps the key/value cache of recently
   encoded token sequences (LRU, bounded by entries and tokens) and runs only the tokens after the
   longest common *token* prefix (texts are tokenized whole, so a token that straddles the old/new
-  boundary is recomputed). At least the last two tokens are always recomputed, so the penultimate
-  token's state comes from a real forward pass. Stored caches are never written to: a reused prefix is
+  boundary is recomputed), rounded down to whole chunks of `chunk_tokens` positions. Every sequence is
+  run in chunks cut at the same absolute positions, cached or not, so a reused prefix gives *bit-identical*
+  features to a full re-encode: a feature never depends on what happened to be cached, which is what makes
+  a resumed or extended training run replay an uninterrupted one exactly. At least the last two tokens are
+  always recomputed, so the penultimate token's state comes from a real forward pass. Stored caches are never written to: a reused prefix is
   a view that the next `DynamicCache.update` concatenates into a new tensor. (A transcript longer than
   `max_tokens` keeps its last tokens, so its start moves every turn and it is encoded from scratch.)
 - **SVF.** With `svf_layer=k` the singular values of the weight matrices of block k are scaled
@@ -313,6 +316,8 @@ class TranscriptEncoder:
     residual_cache_tokens: LRU bound (tokens) of the per-transcript residual cache used with SVF.
     dtype: compute dtype of the forward pass ("float32", "bfloat16", or "auto", see `resolve_dtype`); it is
         part of `encoder_id`, so features of different dtypes never mix in the hidden-state store.
+    chunk_tokens: sequences are run in chunks cut at multiples of this many positions, and prefixes are reused
+        in whole chunks, so an encode gives the same bits whatever the caches hold (see `_forward_frozen`).
     """
 
     def __init__(
@@ -330,11 +335,15 @@ class TranscriptEncoder:
         residual_cache_tokens: int | None = None,
         feature_cache_entries: int = 4096,
         dtype: EncoderDtype = "float32",
+        chunk_tokens: int = 64,
     ):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         if max_tokens < 2:
             raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        self._chunk = chunk_tokens
         torch.set_num_threads(num_threads or num_threads_from_env())
         self._dtype = resolve_dtype(dtype)
         loaded = load_causal_lm(model)
@@ -437,7 +446,7 @@ class TranscriptEncoder:
     def encoder_id(self) -> str:
         """Model + conversion + feature config (+ adapter hash when SVF scales are non-zero)."""
         s = (f"{self._model_key}/{self._conversion}/{_DTYPE_TAGS[self._dtype]}/"
-             f"h{self._h}of{self.num_layers}-{self.pooling}-max{self.max_tokens}")
+             f"h{self._h}of{self.num_layers}-{self.pooling}-max{self.max_tokens}-c{self._chunk}")
         if self._adapter_key:
             s += f"/{self._adapter_key}"
         return s
@@ -623,8 +632,16 @@ class TranscriptEncoder:
             p = _common_prefix(entry.ids, ids)
             if p > best_p:
                 best, best_p = entry, p
-        p = min(best_p, max_p)
-        if best is None or p <= 0:
+        if best is None:
+            return 0, None
+        n = len(ids)
+        if best_p == n == len(best.ids) and max_p >= n:
+            p = n  # the very same tokens (SVF: the whole residual is reused as it was computed)
+        else:
+            # Reuse whole chunks only: a chunk's states then come from the same computation as in a full
+            # encode (same tokens, same shapes, same cached keys/values), bit for bit.
+            p = min(best_p, max_p) // self._chunk * self._chunk
+        if p <= 0:
             return 0, None
         self._prefix.get(best.ids.tobytes())  # mark as recently used
         return p, best
@@ -639,8 +656,21 @@ class TranscriptEncoder:
         return cache
 
     def _forward_frozen(self, new_ids: torch.Tensor, p: int, cache) -> torch.Tensor:
-        """Run the frozen part over tokens p.. (extending `cache`): returns, per new token, the stream at
-        the SVF block's input, or (no SVF) the feature-layer state, final-normed if it is the last layer."""
+        """Run the frozen part over tokens p.. (extending `cache`) in chunks aligned to multiples of `chunk`
+        positions: returns, per new token, the stream at the SVF block's input, or (no SVF) the feature-layer
+        state, final-normed if it is the last layer. Every encode, cached or not, cuts a sequence at the same
+        positions, so a feature never depends on what happened to be in the cache (resumed runs are exact)."""
+        m = new_ids.shape[1]
+        if m == 0:
+            return self._forward_span(new_ids, p, cache)
+        outs, start = [], 0
+        while start < m:
+            end = min(m, ((p + start) // self._chunk + 1) * self._chunk - p)
+            outs.append(self._forward_span(new_ids[:, start:end], p + start, cache))
+            start = end
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _forward_span(self, new_ids: torch.Tensor, p: int, cache) -> torch.Tensor:
         m = new_ids.shape[1]
         pos = torch.arange(p, p + m).unsqueeze(0)
         if not self._block_loop:

@@ -95,18 +95,39 @@ class SepCMA:
     def __init__(self, n: int, sigma0: float, popsize: int, seed: int):
         import cma
 
-        # pycma treats seed 0 as "random": offset so every evolve.seed is reproducible
-        self.es = cma.CMAEvolutionStrategy(np.zeros(n), sigma0, {
-            "CMA_diagonal": True, "seed": seed + 1, "popsize": popsize, "verbose": -9,
-            "tolx": 0, "tolfun": 0, "tolflatfitness": 10**9, "tolstagnation": 10**9, "maxiter": 10**9})
-        self._np_global_rng = np.random.get_state()
+        # pycma treats seed 0 as "random": offset so every evolve.seed is reproducible. pycma samples with
+        # opts["randn"], by default bound to numpy's *global* RandomState, and pickling such a bound method
+        # pickles a copy of that RandomState: an unpickled run would then sample from a stale copy while the
+        # uninterrupted one samples from whatever state the global RNG reached. So the run gets its own
+        # RandomState (the very stream np.random.seed(seed + 1) would give), pickled once with the optimiser;
+        # pycma's seeding of the global RNG at construction is undone, and any other global-RNG use inside
+        # ask/tell runs on this run's own saved stream (`_own_rng`).
+        outside = np.random.get_state()
+        self._rs = np.random.RandomState(seed + 1)
+        try:
+            self.es = cma.CMAEvolutionStrategy(np.zeros(n), sigma0, {
+                "CMA_diagonal": True, "seed": seed + 1, "popsize": popsize, "verbose": -9, "randn": self._rs.randn,
+                "tolx": 0, "tolfun": 0, "tolflatfitness": 10**9, "tolstagnation": 10**9, "maxiter": 10**9})
+            self._np_global_rng = np.random.get_state()
+        finally:
+            np.random.set_state(outside)
+
+    def _own_rng(self, fn):
+        """Run a pycma call with numpy's global RNG set to this run's own saved stream, then put the caller's
+        back: nothing else in the process that touches np.random can shift what the optimiser does."""
+        outside = np.random.get_state()
+        np.random.set_state(self._np_global_rng)
+        try:
+            return fn()
+        finally:
+            self._np_global_rng = np.random.get_state()
+            np.random.set_state(outside)
 
     def ask(self) -> list[np.ndarray]:
-        return self.es.ask()
+        return self._own_rng(self.es.ask)
 
     def tell(self, X, fitness, episodes) -> None:
-        self.es.tell(X, (-np.asarray(fitness)).tolist())  # pycma minimises
-        self._np_global_rng = np.random.get_state()  # pycma samples from numpy's global RNG
+        self._own_rng(lambda: self.es.tell(X, (-np.asarray(fitness)).tolist()))  # pycma minimises
 
     @property
     def params(self) -> np.ndarray:
@@ -117,7 +138,7 @@ class SepCMA:
         return float(self.es.sigma)
 
     def resume(self) -> None:
-        np.random.set_state(self._np_global_rng)  # restore it for an identical resume
+        pass  # both random streams travel inside the pickle (see __init__)
 
 
 def make_optimizer(settings: Settings, layout: ParamLayout) -> Optimizer:
