@@ -443,10 +443,15 @@ class TranscriptEncoder:
         return self._h  # number of blocks the feature needs (L for the final output)
 
     @property
+    def base_id(self) -> str:
+        """Model + conversion + dtype + feature config: what the features are, before any SVF adapter."""
+        return (f"{self._model_key}/{self._conversion}/{_DTYPE_TAGS[self._dtype]}/"
+                f"h{self._h}of{self.num_layers}-{self.pooling}-max{self.max_tokens}-c{self._chunk}")
+
+    @property
     def encoder_id(self) -> str:
-        """Model + conversion + feature config (+ adapter hash when SVF scales are non-zero)."""
-        s = (f"{self._model_key}/{self._conversion}/{_DTYPE_TAGS[self._dtype]}/"
-             f"h{self._h}of{self.num_layers}-{self.pooling}-max{self.max_tokens}-c{self._chunk}")
+        """`base_id` (+ adapter hash when SVF scales are non-zero)."""
+        s = self.base_id
         if self._adapter_key:
             s += f"/{self._adapter_key}"
         return s

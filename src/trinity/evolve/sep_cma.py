@@ -204,7 +204,7 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
     layout = param_layout(settings, len(pool), states)
     n = layout.n_params
     trees = RolloutTrees() if trees is None else trees
-    fingerprint = _fingerprint(settings, layout, train)
+    fingerprint = _fingerprint(settings, layout, train, getattr(states.encoder, "base_id", None))
     state = None
     if resume_path is not None and resume_path.exists():
         with open(resume_path, "rb") as f:
@@ -275,13 +275,19 @@ _RUNTIME_ONLY = {"task_runner", "dask_workers", "dask_threads_per_worker", "gene
 (generation g's tasks and seeds depend on g only), so raising `generations` extends a finished run."""
 
 
-def _fingerprint(settings: Settings, layout: ParamLayout, train: Sequence[Task]) -> str:
+RESUME_FORMAT = 2
+"""Bumped when the pickled state changes meaning (2: optimisers carry their own RandomState)."""
+
+
+def _fingerprint(settings: Settings, layout: ParamLayout, train: Sequence[Task], encoder_id: str | None) -> str:
+    """What makes a checkpoint this run's: settings, head shape, tasks, and the encoder's exact features (model,
+    dtype, feature config: the policy reads them, so a different encoder is a different run)."""
     from trinity.records import stable_hash
 
     dump = settings.model_dump(include={"evolve", "reward", "coordinator", "pool"})
     dump["evolve"] = {k: v for k, v in dump["evolve"].items() if k not in _RUNTIME_ONLY}
     return stable_hash({"settings": dump, "shape": [layout.head.n_models, layout.head.dim, layout.n_svf],
-                        "train": [t.id for t in train]})
+                        "train": [t.id for t in train], "encoder": encoder_id, "format": RESUME_FORMAT})
 
 
 def save_checkpoint(path: Path, params: np.ndarray, metadata: dict) -> None:
