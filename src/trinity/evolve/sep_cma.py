@@ -6,9 +6,10 @@ the same loop through the `Optimizer` interface, so every method plays the same 
 The loop is explicit, checkpointable state: after every generation the pickled optimiser, the generation
 index and the history are written atomically, so a killed run restarts where it stopped and, because every
 random draw is fixed by (seed, generation, candidate, task) or by the optimiser's pickled state, ends with
-the same parameters as an uninterrupted one. pycma's `seed` reseeds numpy's *global* RNG and pycma samples
-from it; `SepCMA` snapshots and restores that state; nothing else here touches it (the baselines use their
-own generators).
+the same parameters as an uninterrupted one. pycma would sample from numpy's *global* RNG; `SepCMA` gives it
+a RandomState of its own, pickled with it, and leaves the global RNG as it found it (the baselines use their
+own generators). The hidden states the policy reads are cache-independent too (the encoder's chunking), so
+a resumed process with cold caches replays the same picks.
 
 The flat parameter vector is the `ParamLayout`: the head alone, or [δ…, head…] when
 `coordinator.svf_layer` is set (each candidate's δ then changes its hidden states: its transcripts are
