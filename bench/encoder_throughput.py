@@ -55,7 +55,7 @@ def main() -> None:
         with torch.no_grad():
             inputs = tok(text, return_tensors="pt")
             hs = lm(**inputs, output_hidden_states=True).hidden_states
-            return hs[-1][0, -2].numpy().copy()
+            return hs[-1][0, -2].float().numpy().copy()
 
     def ours(text: str) -> np.ndarray:
         return enc.encode([text], reuse=False)[0]
