@@ -251,9 +251,7 @@ def _path_json(picks: tuple[tuple[int, Role], ...]) -> str:
 
 @functools.lru_cache(maxsize=1 << 14)
 def _entropy_of(models: tuple[int, ...]) -> float:
-    counts = Counter(models)
-    n = sum(counts.values())
-    return -sum(c / n * math.log(c / n) for c in counts.values()) if n else 0.0
+    return entropy_of_counts(list(Counter(models).values()))
 
 
 def entropy_of_counts(counts: Sequence[int]) -> float:
