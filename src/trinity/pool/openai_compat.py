@@ -135,7 +135,7 @@ class OpenAICompatibleChatModel:
         """Endpoint model name + endpoint: the same name on two servers may be different weights."""
         self.member = member
         self._key = _Secret(key)  # kept only to scrub error texts; masked in any repr
-        self._local_limit = asyncio.Semaphore(member.max_concurrency)
+        self._local_limit = LoopLocalSemaphore(member.max_concurrency)
         self._global_limit = global_limit
         self._backoff_base_s = backoff_base_s
         self._backoff_max_s = backoff_max_s
@@ -158,15 +158,14 @@ class OpenAICompatibleChatModel:
         )
 
     def _bind_to_running_loop(self) -> None:
-        """HTTP clients and semaphores belong to one event loop; training runs one loop per generation
-        (asyncio.run), so a new loop gets a new client and a new per-model limit."""
+        """HTTP clients belong to one event loop; training runs one loop per generation (asyncio.run), so a
+        new loop gets a new client (the limits are LoopLocalSemaphores: they rebind themselves)."""
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
         elif loop is not self._loop:
             self._loop = loop
             self._client = self._new_client()
-            self._local_limit = asyncio.Semaphore(self.member.max_concurrency)
 
     # -- public ----------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -242,7 +241,7 @@ class OpenAICompatibleChatModel:
         try:
             global_limit = self._global_limit.get() if isinstance(self._global_limit, LoopLocalSemaphore) \
                 else self._global_limit
-            async with self._local_limit, (global_limit or contextlib.nullcontext()):
+            async with self._local_limit.get(), (global_limit or contextlib.nullcontext()):
                 async with asyncio.timeout(timeout_s):
                     # The SDK's generic `post` (its documented way to call any route) rather than the typed
                     # `chat.completions.create`: we build and parse the body ourselves (compatible servers
