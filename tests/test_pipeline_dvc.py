@@ -24,11 +24,11 @@ TINY = {
 }
 
 
-def _env(tmp: Path) -> dict:
+def _env(tmp: Path, data_root: Path) -> dict:
     env = dict(os.environ)
     env.update({
         "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",
-        "TRINITY_DATA_DIR": str((PROJECT_ROOT / "../shared/benchmarks").resolve()),
+        "TRINITY_DATA_DIR": str(data_root),
         "PREFECT_HOME": str(tmp / "prefect"), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp / "wandb"),
         "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
     })
@@ -42,7 +42,7 @@ def _sh(cmd, cwd, env, timeout=900):
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
+def repo(tmp_path_factory, root):
     tmp = tmp_path_factory.mktemp("pipeline")
     repo = tmp / "repo"
     repo.mkdir()
@@ -54,7 +54,7 @@ def repo(tmp_path_factory):
     # DVC wants every tracked key spelled out: write the tiny profile with all defaults filled in
     full = load_settings(repo / "params.yaml").model_dump(exclude={"source_path"})
     (repo / "params.yaml").write_text(yaml.safe_dump(full, sort_keys=False))
-    env = _env(tmp)
+    env = _env(tmp, root)
     _sh(["git", "init", "-q"], repo, env)
     _sh(["dvc", "init", "-q"], repo, env)
     out = _sh(["dvc", "repro"], repo, env)
