@@ -430,8 +430,11 @@ def _bwrap_argv(sb: Sandbox, fds: dict[str, int], etc_fds: dict[str, int], secco
         a += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     for dest, fd in etc_fds.items():
         a += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
+    tmpfs_roots = ("/tmp", "/dev/shm", WORKDIR)
+    under_tmpfs = [d for d in binds if any(d == t or d.startswith(t + "/") for t in tmpfs_roots)]
     for d in binds:
-        a += ["--ro-bind", d, d]
+        if d not in under_tmpfs:
+            a += ["--ro-bind", d, d]
     a += ["--proc", "/proc", "--dev", "/dev"]
     size = str(sb.tmpfs_mb * mb)
     a += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
@@ -439,11 +442,15 @@ def _bwrap_argv(sb: Sandbox, fds: dict[str, int], etc_fds: dict[str, int], secco
     a += ["--perms", "1777" if as_root else "0755", "--size", size, "--tmpfs", WORKDIR]
     # Extra read-only binds come after the tmpfs mounts (so they may land in /tmp or the work dir);
     # directories made for them in a tmpfs stay writable (e.g. a cache directory seeded read-only).
+    # The interpreter's own directories go here too when they live in /tmp (a project cloned under /tmp):
+    # bound before the tmpfs, they would be hidden by it.
     made = {"/", "/tmp", "/dev", "/dev/shm", "/proc", WORKDIR, "/etc", *parents, *binds}
-    for src, dest in sb.ro_binds:
+    made -= {p for p in parents if any(p.startswith(t + "/") for t in tmpfs_roots)}
+    made -= set(under_tmpfs)
+    for src, dest in [(d, d) for d in under_tmpfs] + list(sb.ro_binds):
         for p in sorted((str(q) for q in Path(dest).parents), key=len):
             if p not in made:
-                in_tmpfs = any(p.startswith(t + "/") for t in ("/tmp", "/dev/shm", WORKDIR))
+                in_tmpfs = any(p.startswith(t + "/") for t in tmpfs_roots)
                 a += ["--perms", ("1777" if as_root else "0777") if in_tmpfs else "0755", "--dir", p]
                 made.add(p)
         a += ["--ro-bind", src, dest]
