@@ -4,7 +4,10 @@ Each turn = decide (encode the transcript with KV-prefix reuse + head + sampling
 Real episodes on GSM8K items with the default params' pool and encoder (bf16 where the CPU has native bf16
 kernels, see coordinator.encoder_dtype); the head is random (σ = 0.5) so every role and model shows up. Both
 sides are timed in the same turns. Afterwards every decided transcript is re-encoded in fp32 from scratch and the
-head's argmax decisions are compared (reported, not part of the timing)."""
+head's argmax decisions are compared (reported, not part of the timing).
+
+Usage: .venv/bin/python bench/coordinator_overhead.py [--episodes 4] [--chunk-tokens N (default: params.yaml)]"""
+import argparse
 import asyncio
 import json
 import statistics
@@ -23,8 +26,16 @@ from trinity.data.loaders import load_gsm8k
 from trinity.pool.runtime import build_pool
 
 
-def main(n_episodes: int = 4):
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--episodes", type=int, default=4)
+    ap.add_argument("--chunk-tokens", type=int, default=None, help="override coordinator.encode_chunk_tokens")
+    args = ap.parse_args()
+    n_episodes = args.episodes
     settings = load_settings("params.yaml")
+    if args.chunk_tokens is not None:
+        c = settings.coordinator.model_copy(update={"encode_chunk_tokens": args.chunk_tokens})
+        settings = settings.model_copy(update={"coordinator": c})
     pool = build_pool(settings.pool, store=None, role_max_tokens=stages._role_caps(settings))
     encoder = stages.make_encoder(settings)
     states = StateCache(encoder, store=None)

@@ -11,7 +11,7 @@ coordinator.encoder_dtype: bfloat16 on CPUs with native bf16 kernels). When that
 forward of a second copy is timed too (detail: the speed-up over the paper's fp32 way, and how far the
 features moved).
 
-Usage: .venv/bin/python bench/encoder_throughput.py [--model smollm2-135m-instruct] [--reps 5] [--dtype auto]
+Usage: .venv/bin/python bench/encoder_throughput.py [--model smollm2-135m-instruct] [--reps 5] [--dtype auto] [--chunk-tokens 128]
 Last line: one JSON object (see bench format in DESIGN.md).
 """
 from __future__ import annotations
@@ -39,11 +39,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--chunk-tokens", type=int, default=128, help="encode chunk size (params: coordinator.encode_chunk_tokens)")
     ap.add_argument("--lengths", default="300,750,1500")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     args = ap.parse_args()
 
-    enc = TranscriptEncoder(args.model, feature_cache_entries=0, dtype=args.dtype)
+    enc = TranscriptEncoder(args.model, feature_cache_entries=0, dtype=args.dtype, chunk_tokens=args.chunk_tokens)
     lm, tok = enc.model, enc.tokenizer
     episode = transcripts()[-1]
     ids = enc.tokenize(episode + episode)

@@ -114,9 +114,9 @@ def main() -> None:
     c = settings.coordinator
     caps = {"thinker": c.thinker_max_tokens, "verifier": c.verifier_max_tokens}
     if real:
-        from trinity.coordinator.encoder import TranscriptEncoder
+        from trinity.stages import make_encoder
 
-        encoder = TranscriptEncoder(c.encoder, max_tokens=c.max_encode_tokens, dtype=c.encoder_dtype)
+        encoder = make_encoder(settings)
     else:
         encoder = StandInEncoder()
 

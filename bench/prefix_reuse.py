@@ -7,9 +7,11 @@ encoder's prefix cache holding transcript k-1, so only the new turn's tokens (pl
 boundary and the last two tokens) go through the model. Both sides run interleaved in the same
 repetition (their order alternates between repetitions); the figure is
 sum_k median(full_k) / sum_k median(reuse_k) over the episode. The features of both sides are compared
-(max |Δ| must stay ~1e-5: reuse is an optimisation, not an approximation).
+(max |Δ| is 0 in every dtype: reuse is whole position-aligned chunks, so it is an optimisation, not an
+approximation; see coordinator.encode_chunk_tokens).
 
-Usage: .venv/bin/python bench/prefix_reuse.py [--model smollm2-135m-instruct] [--reps 5]
+Usage: .venv/bin/python bench/prefix_reuse.py [--model smollm2-135m-instruct] [--reps 5] [--dtype float32]
+       [--chunk-tokens 128]
 Last line: one JSON object (see bench format in DESIGN.md).
 """
 from __future__ import annotations
@@ -81,12 +83,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--chunk-tokens", type=int, default=128, help="encode chunk size (params: coordinator.encode_chunk_tokens)")
     ap.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
-                    help="encoder compute dtype (float32: reuse vs re-encode must agree to ~1e-5; in bfloat16 the two "
-                         "round differently, so the feature check is looser)")
+                    help="encoder compute dtype (reuse and re-encode are bit-identical in either)")
     args = ap.parse_args()
 
-    enc = TranscriptEncoder(args.model, feature_cache_entries=0, dtype=args.dtype)
+    enc = TranscriptEncoder(args.model, feature_cache_entries=0, dtype=args.dtype, chunk_tokens=args.chunk_tokens)
     texts = transcripts()
     n_tokens = [len(enc.tokenize(t)) for t in texts]
     turn_tokens = [n_tokens[0]] + [b - a for a, b in zip(n_tokens, n_tokens[1:])]

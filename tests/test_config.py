@@ -72,6 +72,14 @@ def test_duplicate_member_names(tmp_path):
         load_settings(p)
 
 
+def test_encode_chunk_tokens_read_and_zero_rejected(tmp_path):
+    s = load_settings(write(tmp_path, MINIMAL_POOL + "coordinator:\n  encode_chunk_tokens: 96\n"))
+    assert s.coordinator.encode_chunk_tokens == 96
+    with pytest.raises(ConfigError) as e:
+        load_settings(write(tmp_path, MINIMAL_POOL + "coordinator:\n  encode_chunk_tokens: 0\n"))
+    assert "coordinator.encode_chunk_tokens" in str(e.value)
+
+
 def test_int_accepted_for_float(tmp_path):
     p = write(tmp_path, MINIMAL_POOL + "evolve:\n  sigma0: 1\nreward:\n  cost_weight: 0\n")
     s = load_settings(p)

@@ -97,6 +97,11 @@ class CoordinatorSettings(_Section):
     encoder_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Forward-pass dtype: auto = bfloat16 on CPUs with native bf16 kernels (AVX512-BF16/AMX; ~2x faster, features
     within ~1e-4 cosine of fp32), float32 elsewhere. Part of the encoder id, so stored states never mix dtypes."""
+    encode_chunk_tokens: int = Field(128, ge=1)
+    """Transcripts are encoded in chunks cut at multiples of this many positions and prefixes are reused in whole
+    chunks, so a feature is bit-identical whatever the prefix cache holds (exact resume). Larger chunks mean
+    fewer, more efficient matrix products but more prefix tokens recomputed per turn; 128 is fastest here (see
+    README, coordinator cost). Part of the encoder id."""
     max_turns: int = 3
     max_encode_tokens: int = 2048
     """Transcripts longer than this keep their last tokens (the head reads the end of the conversation)."""

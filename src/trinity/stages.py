@@ -54,7 +54,8 @@ def make_encoder(settings: Settings):
     from trinity.coordinator.encoder import TranscriptEncoder
 
     c = settings.coordinator
-    return TranscriptEncoder(c.encoder, max_tokens=c.max_encode_tokens, svf_layer=c.svf_layer, dtype=c.encoder_dtype)
+    return TranscriptEncoder(c.encoder, max_tokens=c.max_encode_tokens, svf_layer=c.svf_layer, dtype=c.encoder_dtype,
+                             chunk_tokens=c.encode_chunk_tokens)
 
 
 def _role_caps(settings: Settings) -> dict[str, int]:

@@ -335,7 +335,7 @@ class TranscriptEncoder:
         residual_cache_tokens: int | None = None,
         feature_cache_entries: int = 4096,
         dtype: EncoderDtype = "float32",
-        chunk_tokens: int = 64,
+        chunk_tokens: int = 128,
     ):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
