@@ -168,13 +168,30 @@ def test_weak_mode_as_root_has_no_network(monkeypatch):
     assert r.stdout.splitlines()[-1] == "['lo']"
 
 
+@pytest.fixture
+def world_readable_src():
+    """A copy of the package that another uid can import: the checkout itself may sit in a 0700 directory
+    (a clone made under `mktemp -d`)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="trinity-src-", dir="/tmp"))  # /tmp: traversable by any uid
+    try:
+        d.chmod(0o755)
+        shutil.copytree(SRC / "trinity", d / "trinity", ignore=shutil.ignore_patterns("__pycache__"))
+        for p in [d, *d.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
                     reason="needs root to switch to an unprivileged user, and /usr/bin/python3")
-def test_unprivileged_user_mode():
+def test_unprivileged_user_mode(world_readable_src):
     """As a normal user bubblewrap runs in a user namespace: same isolation, uid 1000 inside."""
     prog = textwrap.dedent(f"""
         import json, sys
-        sys.path.insert(0, {str(SRC)!r})
+        sys.path.insert(0, {str(world_readable_src)!r})
         from trinity.grading.sandbox import Sandbox
         sb = Sandbox(python="/usr/bin/python3", timeout_s=2)
         code = ("import os, socket; print(os.getuid(), os.getcwd(), sorted(os.listdir('/')), "
