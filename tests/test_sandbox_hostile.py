@@ -337,10 +337,15 @@ def test_no_unix_socket_to_host(sandbox, host_ok, tmp_path):
 def test_write_outside_the_sandbox(sandbox, host_ok):
     marker = f"/tmp/{TOKEN}-written"
     proj = PROJECT / f"{TOKEN}-written"
+    targets = [f"/etc/{TOKEN}", f"/usr/{TOKEN}", f"/{TOKEN}", f"/root/{TOKEN}", "/proc/sys/kernel/hostname",
+               "/proc/sysrq-trigger"]
+    # A project under /tmp (a clone in a mktemp dir) shows inside as directories in the sandbox's own /tmp
+    # tmpfs, so a write there succeeds but stays inside, like `marker`; only the host-side check applies.
+    if not str(PROJECT).startswith("/tmp/"):
+        targets.append(str(proj))
     code = textwrap.dedent(f"""
         wrote = []
-        for p in ["/etc/{TOKEN}", "/usr/{TOKEN}", "/{TOKEN}", {str(proj)!r}, "/root/{TOKEN}",
-                  "/proc/sys/kernel/hostname", "/proc/sysrq-trigger"]:
+        for p in {targets!r}:
             try:
                 with open(p, "w") as f:
                     f.write("x")
