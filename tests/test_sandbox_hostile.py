@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from trinity.grading.code import grade_code_detail
-from trinity.grading.sandbox import Sandbox
+from trinity.grading.sandbox import Sandbox, in_private_tmpfs
 from trinity.records import Task
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -341,7 +341,7 @@ def test_write_outside_the_sandbox(sandbox, host_ok):
                "/proc/sysrq-trigger"]
     # A project under /tmp (a clone in a mktemp dir) shows inside as directories in the sandbox's own /tmp
     # tmpfs, so a write there succeeds but stays inside, like `marker`; only the host-side check applies.
-    if not str(PROJECT).startswith("/tmp/"):
+    if not in_private_tmpfs(str(PROJECT)):
         targets.append(str(proj))
     code = textwrap.dedent(f"""
         wrote = []

@@ -68,6 +68,13 @@ from typing import Iterable, Mapping, Sequence
 log = logging.getLogger(__name__)
 
 WORKDIR = "/sandbox"  # cwd and HOME inside the sandbox (a fresh tmpfs)
+PRIVATE_TMPFS_ROOTS = ("/tmp", "/dev/shm", WORKDIR)  # each a fresh, size-capped tmpfs inside the sandbox
+
+
+def in_private_tmpfs(path: str) -> bool:
+    """Whether `path` lies strictly inside one of the sandbox's own tmpfs mounts (so a host directory at that
+    path is hidden inside, and whatever the sandbox writes there never reaches the host)."""
+    return any(path.startswith(t + "/") for t in PRIVATE_TMPFS_ROOTS)
 MAIN_FILE = "main.py"
 _PASSTHROUGH_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _INSTALL_HINT = (
@@ -430,8 +437,7 @@ def _bwrap_argv(sb: Sandbox, fds: dict[str, int], etc_fds: dict[str, int], secco
         a += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     for dest, fd in etc_fds.items():
         a += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
-    tmpfs_roots = ("/tmp", "/dev/shm", WORKDIR)
-    under_tmpfs = [d for d in binds if any(d == t or d.startswith(t + "/") for t in tmpfs_roots)]
+    under_tmpfs = [d for d in binds if d in PRIVATE_TMPFS_ROOTS or in_private_tmpfs(d)]
     for d in binds:
         if d not in under_tmpfs:
             a += ["--ro-bind", d, d]
@@ -445,13 +451,12 @@ def _bwrap_argv(sb: Sandbox, fds: dict[str, int], etc_fds: dict[str, int], secco
     # The interpreter's own directories go here too when they live in /tmp (a project cloned under /tmp):
     # bound before the tmpfs, they would be hidden by it.
     made = {"/", "/tmp", "/dev", "/dev/shm", "/proc", WORKDIR, "/etc", *parents, *binds}
-    made -= {p for p in parents if any(p.startswith(t + "/") for t in tmpfs_roots)}
+    made -= {p for p in parents if in_private_tmpfs(p)}
     made -= set(under_tmpfs)
     for src, dest in [(d, d) for d in under_tmpfs] + list(sb.ro_binds):
         for p in sorted((str(q) for q in Path(dest).parents), key=len):
             if p not in made:
-                in_tmpfs = any(p.startswith(t + "/") for t in tmpfs_roots)
-                a += ["--perms", ("1777" if as_root else "0777") if in_tmpfs else "0755", "--dir", p]
+                a += ["--perms", ("1777" if as_root else "0777") if in_private_tmpfs(p) else "0755", "--dir", p]
                 made.add(p)
         a += ["--ro-bind", src, dest]
     for name, fd in fds.items():
