@@ -3,8 +3,9 @@
 Worker   answers the query; sees earlier Worker answers as reference thoughts and the Thinker's suggestion.
 Thinker  reads query + earlier thoughts + current answer; replies with <suggestion> and <suggested_role>
          (the suggested role overrides the head's next role pick).
-Verifier reads query + current answer; replies ACCEPT or REJECT (start of reply first, then keywords;
-         default REJECT).
+Verifier reads query + current answer; replies ACCEPT or REJECT (read as a whole word or a field such as
+         "Verdict: accept"; a negated accept such as "cannot accept", "unacceptable" is REJECT; the
+         first clear verdict decides; default REJECT).
 """
 from __future__ import annotations
 
@@ -125,18 +126,96 @@ def parse_thinker(text: str) -> tuple[str | None, Role | None]:
     return suggestion, (Role(r.group(1).lower()) if r else None)
 
 
-def parse_verdict(text: str) -> str:
-    """ACCEPT or REJECT: the start of the reply decides; then keywords; default REJECT."""
-    head = text.strip().lstrip("*#>`\"' ").upper()
-    if head.startswith("ACCEPT"):
-        return "ACCEPT"
-    if head.startswith("REJECT"):
+_VERDICT_WORD = re.compile(
+    r"(?<![A-Za-z])(?:(?P<un>un)?accept(?P<form>s|ed|able|ing)?|reject(?:s|ed|ing)?)(?![A-Za-z])", re.I)
+"""A verdict word, whole words only ("acceptance", "ACCEPTREJECT" are none)."""
+_VERDICT_ECHO = re.compile(r"(?<![A-Za-z])(?:accept\s*(?:or|/|\|)\s*reject|reject\s*(?:or|/|\|)\s*accept)(?![A-Za-z])",
+                           re.I)
+"""The prompt's "ACCEPT or REJECT" repeated back: not a verdict."""
+_VERDICT_FIELD = re.compile(
+    r"(?:<verdict>|(?<![A-Za-z])(?:final\s+)?(?:verdict|decision|judge?ment|answer|conclusion|result)\W{0,3}?[:=])"
+    r"[\s*_`\"'\[(<>-]*(?:not\s+)?", re.I)
+"""A structured field ("Verdict: X", "**Decision:** X", "<verdict>X</verdict>"), up to where its value starts."""
+_VERDICT_LEAD = re.compile(r"[\s*_`\"'\[(<>#-]*(?:not\s+)?", re.I)
+"""What may precede a verdict at the very start of the reply: markdown, quotes, a "not"."""
+_NEGATORS = frozenset("not no never nothing nor neither cannot unable refuse refuses".split())
+_CLAUSE_STARTS = frozenset("but however yet though although so therefore thus hence and because".split())
+_AFFIRMING_BE = re.compile(r"(?<![A-Za-z])(?:is|are|be|was|were|been|seems|looks|appears)\s+"
+                           r"(?:(?:fully|entirely|perfectly|completely|clearly|definitely)\s+)?$", re.I)
+
+
+def _negated(text: str, start: int) -> bool:
+    """Is there a negation among the five words before `start`, in the same clause? ("I do not accept",
+    "should not be accepted", "I don't think we should accept", "can't accept", "nothing to reject")"""
+    clause = re.split(r"[.!?;:,\n()]", text[:start])[-1]
+    words = [w.lower().replace("\u2019", "'") for w in re.findall(r"[A-Za-z]+(?:['\u2019][A-Za-z]+)?", clause)]
+    for i in range(len(words) - 1, -1, -1):
+        if words[i] in _CLAUSE_STARTS:  # "it is not perfect but I accept": the negation is in another clause
+            words = words[i + 1:]
+            break
+    return any(w in _NEGATORS or w.endswith("n't") for w in words[-5:])
+
+
+def _in_question(text: str, end: int) -> bool:
+    """Does the sentence around text[end] end with '?' ("Should we accept?" is no verdict)?"""
+    m = re.search(r"[.!?\n]", text[end:])
+    return m is not None and m.group() == "?"
+
+
+_CONDITION = re.compile(r"[\s,]*(?:only\s+)?(?:if|unless|when|provided)(?![A-Za-z])", re.I)
+"""A verdict word followed by a condition ("Accept if correct", "I would accept if ...") is no verdict."""
+
+
+def _verdict_of(text: str, m: re.Match, affirming: bool) -> str | None:
+    """What one verdict word says, or None when it says nothing (a negated "reject", an attributive
+    "acceptable", "accepted" outside a verdict position)."""
+    negated = _negated(text, m.start())
+    if m.group().lower().startswith("reject"):
+        return None if negated else "REJECT"
+    if m.group("un"):  # unacceptable, unaccepted
+        return None if negated else "REJECT"
+    if m.group("form") in (None, "s", "ing"):  # accept, accepts, accepting
+        return "REJECT" if negated else "ACCEPT"
+    if negated:  # not acceptable, not accepted
         return "REJECT"
-    up = text.upper()
-    has_a, has_r = "ACCEPT" in up, "REJECT" in up
-    if has_a and not has_r:
+    # "accepted" / "acceptable" affirm only as the verdict (start of the reply, a field) or as a predicate
+    if affirming or _AFFIRMING_BE.search(text[:m.start()]):
         return "ACCEPT"
-    return "REJECT"
+    return None
+
+
+def parse_verdict(text: str) -> str:
+    """ACCEPT or REJECT, read from a Verifier reply.
+
+    The verdict is a whole word (ACCEPT, **REJECT**, "I accept this") or a field ("Verdict: accept",
+    "Decision: REJECT", "<verdict>ACCEPT</verdict>"). A negated accept is REJECT: "not acceptable",
+    "unacceptable", "cannot/can't/won't/do not accept", "should not be accepted". "accepted"/"acceptable"
+    affirm only where a verdict stands (start of the reply, a field) or as a predicate ("the answer is
+    acceptable"); "an acceptable format" says nothing. Nor do a negated reject ("nothing to reject"), a
+    question ("Should we accept?"), a condition ("Accept if correct") and the prompt's "ACCEPT or REJECT"
+    echoed back. Of what is left, a verdict at the very start of the reply decides, else the first field,
+    else the first verdict word; with none, REJECT. Text before a closing </think> is ignored when
+    something follows it.
+    """
+    i = text.rfind("</think>")
+    if i >= 0 and text[i + len("</think>"):].strip():
+        text = text[i + len("</think>"):]
+    text = _VERDICT_ECHO.sub(lambda e: " " * len(e.group()), text)
+    fields = {f.end() for f in _VERDICT_FIELD.finditer(text)}
+    lead = _VERDICT_LEAD.match(text).end()
+    found: list[tuple[int, str, bool]] = []  # (position, verdict, in a field)
+    for m in _VERDICT_WORD.finditer(text):
+        if _in_question(text, m.end()) or _CONDITION.match(text, m.end()):
+            continue
+        in_field = m.start() in fields
+        verdict = _verdict_of(text, m, affirming=in_field or m.start() == lead)
+        if verdict:
+            found.append((m.start(), verdict, in_field))
+    if not found:
+        return "REJECT"
+    if found[0][0] == lead:
+        return found[0][1]
+    return next((v for _, v, in_field in found if in_field), found[0][1])
 
 
 def make_turn(model: str, role: Role, text: str, ok: bool) -> Turn:
