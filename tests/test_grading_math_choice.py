@@ -59,6 +59,51 @@ def test_grade_math_cases(gold, kind, reply, want):
     assert grade_math(_task(gold, kind), reply) == want
 
 
+# A hedge is not an answer: a reply naming several different final candidates scores 0, wherever they
+# are named (several \\boxed{}, one statement, or the final sentence the last-number fallback reads).
+HEDGE_CASES = [
+    # (reference, answer_type, reply)  -- each names the right value among others
+    ("12", "latex", "\\boxed{13}\n\nHmm, or \\boxed{12}."),
+    ("12", "latex", "It is either $\\boxed{13}$ or $\\boxed{12}$."),
+    ("12", "latex", "\\boxed{12 \\text{ or } 13}"),
+    ("12", "latex", "The answer is 12 or 13."),
+    ("12", "latex", "Answer: 12 or maybe 13"),
+    ("12", "latex", "The final answer is $12$ or $13$."),
+    ("12", "latex", "The answer is 13. Maybe 12."),
+    ("12", "latex", "The answer is either 13 or 12"),
+    ("12", "latex", "It's either 13 or 12"),
+    ("12", "latex", "3 * 4 gives 13, or possibly 12."),
+    ("12", "latex", "The total is 13.\nOr maybe 12."),
+    ("12", "number", "She pays 13 or 12 dollars."),
+    ("12", "number", "The answer is 13 or 12."),
+    ("73", "integer", "Answer: 74 or maybe 073"),
+    ("73", "integer", "\\boxed{74}, or perhaps \\boxed{073}"),
+]
+
+NOT_HEDGES = [
+    # (reference, answer_type, reply)  -- one answer, possibly repeated or reached through other numbers
+    ("12", "latex", "\\boxed{12}, so the answer is 12."),
+    ("12", "latex", "3 * 4 = 12 and 12 + 1 = 13; minus 1 gives 12. The answer is \\boxed{12}."),
+    ("12", "latex", "First 5 + 7 = 12. Then 12 - 0 = 12."),
+    ("\\frac{1}{2}", "latex", "\\boxed{\\frac{1}{2}}, which is \\boxed{0.5}."),
+    ("12", "latex", "Since 3 or more boxes are needed, we buy 12."),
+    ("12", "latex", "The answer is 12. Next we check whether 11 or 13 could also work: they cannot."),
+    ("12", "latex", "Either way, 3 times 4 is 12."),
+    ("12", "number", "Whether or not we count the spare box, she has 12 apples."),
+    ("1,-2", "latex", "The roots are $x = 1$ or $x = -2$, so the answer is \\boxed{1 \\text{ or } -2}."),
+]
+
+
+@pytest.mark.parametrize("gold,kind,reply", HEDGE_CASES)
+def test_hedged_answers_score_zero(gold, kind, reply):
+    assert grade_math(_task(gold, kind), reply) == 0.0
+
+
+@pytest.mark.parametrize("gold,kind,reply", NOT_HEDGES)
+def test_one_answer_still_scores(gold, kind, reply):
+    assert grade_math(_task(gold, kind), reply) == 1.0
+
+
 def test_extraction_and_numbers():
     assert extract_final_answer("x \\boxed{\\frac{1}{2}} then \\boxed{\\sqrt{2}}") == "\\sqrt{2}"
     assert extract_final_answer("\\boxed 5") == "5"

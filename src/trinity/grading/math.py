@@ -1,8 +1,10 @@
 """Math answers: pull the final answer out of a model's reply and compare it with the reference.
 
-Extraction, in order of preference: the last \\boxed{...} (or \\fbox{...}); the last explicit statement
-("the answer is X", "Final answer: X", "Answer: X"); the last number in the text. Text before a closing
-</think> is ignored when something follows it.
+Extraction (`final_answer_candidates`), in order of preference: the \\boxed{...} (or \\fbox{...}); the last
+explicit statement ("the answer is X", "Final answer: X", "Answer: X"); the last number in the text. Text
+before a closing </think> is ignored when something follows it. A hedge is not an answer: several boxes,
+or a statement or final sentence that offers alternatives ("12 or 13", "either 12 or 13", "12, or maybe
+13"), name several candidates, and a reply is right only if every candidate equals the reference.
 
 Comparison depends on `task.metadata["answer_type"]`:
 * "integer" (AIME): both sides as integers — "073", "73", "73.0" and "\\boxed{073}" are all 73.
@@ -32,6 +34,8 @@ DEFAULT_TIMEOUT_S = 5
 """Seconds math-verify may spend on one parse or one comparison (signal.alarm: whole seconds)."""
 MAX_ANSWER_CHARS = 1000
 """Longer extracted answers are treated as wrong: no reference answer is anywhere near this long."""
+MAX_CANDIDATES = 8
+"""A reply naming more different final answers than this is wrong without comparing any of them."""
 
 # ---------------------------------------------------------------------------------------------------
 # Extraction
@@ -61,23 +65,45 @@ def _balanced(text: str, start: int) -> str | None:
 _BOXED = re.compile(r"\\(?:boxed|fbox)(?:\s*(?P<brace>\{)|\s+(?P<bare>[^\s${}]+))")
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} / \\fbox{...} (balanced braces; also "\\boxed 5")."""
-    found = None
+def boxed_contents(text: str) -> list[str]:
+    """Contents of every \\boxed{...} / \\fbox{...} (balanced braces; also "\\boxed 5"), in order."""
+    found = []
     for m in _BOXED.finditer(text):
         if m.group("brace"):
             inner = _balanced(text, m.start("brace"))
             if inner is not None:
-                found = inner
+                found.append(inner)
         else:
-            found = m.group("bare").strip()
+            found.append(m.group("bare").strip())
     return found
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} / \\fbox{...} (balanced braces; also "\\boxed 5")."""
+    found = boxed_contents(text)
+    return found[-1] if found else None
 
 
 _STATEMENT = re.compile(
     r"(?i:final\s+answer|the\s+answer|answer)\s*(?:is|:|=|would\s+be|should\s+be)\s*:?\s*(?P<ans>[^\n]+)"
 )
 _NUMBER = re.compile(r"-?\$?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?")
+
+_HEDGE_OPENER = r"(?:or|maybe|perhaps|possibly|alternatively)\b"
+_SENTENCE_BREAK = re.compile(rf"(?:(?<=\.)[ \t]+|[ \t]*\n\s*)(?=\S)(?!{_HEDGE_OPENER})", re.I)
+"""Where a sentence or line ends — unless the next one opens with a hedge ("12. Or maybe 13")."""
+_ALTERNATIVE = re.compile(
+    r"\\(?:text|mbox|mathrm)\{\s*or\s*\}"  # LaTeX "12 \text{ or } 13"
+    r"|(?<![A-Za-z\\])or(?![A-Za-z])(?!\s+(?:more|less|fewer|greater|higher|lower|so|equal|not|else|otherwise)\b)"
+    r"|(?<=[.!?;])\s+(?=(?:maybe|perhaps|possibly|alternatively)\b)",  # "13. Maybe 12."
+    re.I)
+"""Where a span offers another candidate: "12 or 13", "12, or maybe 13", "13. Maybe 12" (not "or more")."""
+_HEDGE_WORDS = re.compile(r"^[\s,;]*(?:(?:either|maybe|perhaps|possibly|probably|alternatively)\b[\s,:]*)+", re.I)
+
+
+def _alternatives(span: str) -> list[str]:
+    """A span split where it offers alternatives, each part without its hedge words ("either", "maybe")."""
+    return [_HEDGE_WORDS.sub("", part) for part in _ALTERNATIVE.split(span)]
 
 
 def _clean_span(s: str) -> str:
@@ -96,23 +122,47 @@ def _clean_span(s: str) -> str:
     return s.strip()
 
 
-def extract_final_answer(text: str | None) -> str | None:
-    """The final answer as a string (still LaTeX), or None if the reply states none."""
+def final_answer_candidates(text: str | None) -> list[str]:
+    """Every final answer the reply names (strings, still LaTeX), in order; [] if it names none.
+
+    One source decides, in order of preference: the \\boxed{...} (all of them); else the last explicit
+    statement ("the answer is X", "Final answer: X", "Answer: X"), read to the end of its sentence; else
+    the last number in the text, with the sentence that holds it. Each of these is split where it offers
+    alternatives ("12 or 13", "either 12 or 13", "12, or maybe 13", "13. Maybe 12.", "12 \\text{ or } 13"),
+    so a hedge yields several candidates. Text before a closing </think> is ignored when something follows.
+    """
     if not text:
-        return None
+        return []
     text = _after_think(text)
-    boxed = last_boxed(text)
-    if boxed is not None and boxed.strip():
-        return boxed.strip()
-    statements = list(_STATEMENT.finditer(text))
-    for m in reversed(statements):
-        span = _clean_span(m.group("ans"))
-        if span:
-            return span
-    numbers = _NUMBER.findall(text)
-    if numbers:
-        return numbers[-1].replace("$", "").replace(" ", "")
-    return None
+    boxed = [part.strip() for inner in boxed_contents(text) for part in _alternatives(inner)]
+    if any(boxed):
+        return [b for b in boxed if b]
+    for m in reversed(list(_STATEMENT.finditer(text))):
+        span = text[m.start("ans"):]
+        brk = _SENTENCE_BREAK.search(span)
+        parts = [_clean_span(p) for p in _alternatives(span[: brk.start()] if brk else span)]
+        if any(parts):
+            return [p for p in parts if p]
+    numbers = list(_NUMBER.finditer(text))
+    if not numbers:
+        return []
+    last = numbers[-1]
+    at = last.end() - len(last.group().lstrip())  # _NUMBER may begin with the blank before "$5"
+    start = max((b.end() for b in _SENTENCE_BREAK.finditer(text, 0, at)), default=0)
+    brk = _SENTENCE_BREAK.search(text, last.end())
+    found = []
+    for part in _alternatives(text[start: brk.start() if brk else len(text)]):
+        in_part = _NUMBER.findall(part)
+        if in_part:
+            found.append(in_part[-1].replace("$", "").replace(" ", "").strip())
+    return found
+
+
+def extract_final_answer(text: str | None) -> str | None:
+    """The final answer as a string (still LaTeX): the last of `final_answer_candidates`, or None if the
+    reply states none. A reply naming several different candidates is graded wrong (see grade_math)."""
+    found = final_answer_candidates(text)
+    return found[-1] if found else None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -259,11 +309,19 @@ def math_equal(gold: str, pred: str, answer_type: str = "latex", timeout_s: int 
 
 
 def grade_math(task: Task, answer_text: str | None, timeout_s: int = DEFAULT_TIMEOUT_S) -> float:
-    """1.0 if the reply's final answer equals task.answer, else 0.0 (no answer found counts as wrong)."""
+    """1.0 if the reply's final answer equals task.answer, else 0.0. No answer found counts as wrong, and so
+    does a hedge: every candidate the reply names must equal the reference ("\\boxed{1/2} ... \\boxed{0.5}"
+    is one answer; "12 or 13" is none). The one exception: a reference that lists several values ("1,-2")
+    is matched by a reply naming exactly those values as alternatives ("x = 1 or x = -2")."""
     if task.answer is None:
         raise ValueError(f"task {task.id}: a math task needs a reference answer")
-    pred = extract_final_answer(answer_text)
-    if pred is None:
+    found = final_answer_candidates(answer_text)
+    distinct = list({re.sub(r"\s+", "", c): c for c in found}.values())
+    if not distinct or len(distinct) > MAX_CANDIDATES:
         return 0.0
     answer_type = task.metadata.get("answer_type", "latex")
-    return 1.0 if math_equal(task.answer, pred, answer_type, timeout_s) else 0.0
+    if all(math_equal(task.answer, c, answer_type, timeout_s) for c in distinct):
+        return 1.0
+    if len(distinct) > 1 and answer_type == "latex" and "," in task.answer and as_number(task.answer) is None:
+        return 1.0 if math_equal(task.answer, ", ".join(distinct), answer_type, timeout_s) else 0.0
+    return 0.0
