@@ -3,9 +3,13 @@
 Only defaults: a user's own PREFECT_API_URL / WANDB_MODE / etc. win.
 """
 import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The stage runs this checkout's own code (the code DVC tracks as the stage's deps), whichever copy of
+# trinity the venv has installed.
+sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("PREFECT_HOME", str(ROOT / "data" / "prefect"))
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

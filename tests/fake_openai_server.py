@@ -16,6 +16,7 @@ Modes (an optional argument after a colon):
   429[:s]            429 with `Retry-After: s` seconds (default 1)
   429date[:s]        429 with Retry-After as an HTTP date s seconds ahead (second resolution)
   429quota           429 with error code "insufficient_quota" (a hard limit, not a transient one)
+  400                400 "context_length_exceeded": the request itself is refused (deterministic)
   500, 503           server error with a JSON error body
   401echo            401 whose error message echoes the bearer token it received (a leaky proxy)
   hang[:s]           sleeps s seconds (default `hang_s`) before answering: longer than client timeouts
@@ -254,6 +255,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(429, _err("Rate limit reached, retry later", "rate_limit_exceeded"), {"Retry-After": stamp})
         elif name == "429quota":
             self._json(429, _err("You exceeded your current quota", "insufficient_quota"))
+        elif name == "400":
+            self._json(400, _err("This model's maximum context length is 8192 tokens; your messages are longer",
+                                 "context_length_exceeded"))
         elif name in ("500", "503"):
             self._json(int(name), _err(f"upstream failure {name}", "server_error"))
         elif name == "401echo":

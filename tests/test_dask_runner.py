@@ -38,7 +38,7 @@ def test_dask_generation_equals_thread_generation(tmp_path):
             rows = store.con.execute("SELECT candidate, task_id, path, reward, correct FROM episodes ORDER BY ALL").fetchall()
             texts = store.con.execute("SELECT key, text FROM responses ORDER BY key").fetchall()
         rec = res.history[0]
-        out[runner] = (rows, texts, rec.best_fitness, rec.mean_fitness, rec.calls_made, rec.store_hits, res.params)
+        out[runner] = (rows, texts, rec.best_candidate_fitness, rec.saved_fitness, rec.mean_fitness, rec.calls_made, rec.store_hits, res.params)
         assert rec.calls_made > 0 and expansion.submitted == rec.calls_made
         if runner == "threads":
             assert set(expansion.workers) == {os.getpid()}

@@ -1,6 +1,7 @@
 """End to end: `dvc repro` runs the five Prefect flows on a tiny real profile (real models, real DVC,
 ephemeral Prefect API, W&B offline); a second repro runs nothing; an evolve.* change re-runs evolve and
-what follows only; a re-run stage makes no LLM call for anything stored."""
+what follows only; a forced re-run of a finished stage resumes it; an edit of the code that shapes results
+re-runs evolve as a new run (not the old parameters saved again), from stored calls only."""
 import json
 import os
 import shutil
@@ -24,11 +25,11 @@ TINY = {
 }
 
 
-def _env(tmp: Path, data_root: Path) -> dict:
+def _env(tmp: Path) -> dict:
     env = dict(os.environ)
+    env.pop("TRINITY_DATA_DIR", None)  # data.root names the benchmarks: DVC tracks that directory
     env.update({
         "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",
-        "TRINITY_DATA_DIR": str(data_root),
         "PREFECT_HOME": str(tmp / "prefect"), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp / "wandb"),
         "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
     })
@@ -50,11 +51,11 @@ def repo(tmp_path_factory, root):
         src = PROJECT_ROOT / item
         (shutil.copytree(src, repo / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
          if src.is_dir() else shutil.copy(src, repo / item))
-    (repo / "params.yaml").write_text(yaml.safe_dump(TINY))
+    (repo / "params.yaml").write_text(yaml.safe_dump({**TINY, "data": {**TINY["data"], "root": str(root)}}))
     # DVC wants every tracked key spelled out: write the tiny profile with all defaults filled in
     full = load_settings(repo / "params.yaml").model_dump(exclude={"source_path"})
     (repo / "params.yaml").write_text(yaml.safe_dump(full, sort_keys=False))
-    env = _env(tmp, root)
+    env = _env(tmp)
     _sh(["git", "init", "-q"], repo, env)
     _sh(["dvc", "init", "-q"], repo, env)
     out = _sh(["dvc", "repro"], repo, env)
@@ -102,13 +103,37 @@ def test_evolve_param_change_reruns_evolve_and_downstream_only(repo):
         (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def test_rerun_stage_makes_no_llm_call(repo):
+def test_forced_rerun_of_a_finished_stage_resumes_it(repo):
     repo, env, _, first = repo
-    (repo / "data/store/evolve_state.pkl").unlink()  # no ES resume: every generation is played again
+    _sh(["dvc", "repro"], repo, env)  # the pipeline as params.yaml says (an earlier test changed and restored it)
     _sh(["dvc", "repro", "-f", "-s", "evolve"], repo, env)
     metrics = json.loads((repo / "data/evolve/metrics.json").read_text())
-    assert metrics["calls_made"] == 0 and metrics["store_hits"] > 0
+    assert metrics["resumed_from_generation"] == metrics["generations"] == 2 and metrics["calls_made"] == 0
     after = json.loads((repo / "data/checkpoints/coordinator.json").read_text())
-    assert after["best_fitness"] == first["best_fitness"]  # same seed, same stored samples → same run
+    assert after["saved_fitness"] == first["saved_fitness"] and after["run_fingerprint"] == first["run_fingerprint"]
     _sh(["dvc", "repro", "-f", "-s", "evaluate"], repo, env)
     assert json.loads((repo / "data/eval/results.json").read_text())["pool_calls"] == 0
+
+
+def test_code_edit_reruns_evolve_as_a_new_run_from_stored_calls(repo):
+    """Edit the reward shaping (a change of code, not of behaviour: `/ 4` → `/ 4.0`): DVC sees the dep change,
+    and evolve trains again from generation 0 — the old pickle no longer matches — paying no LLM call."""
+    repo, env, _, first = repo
+    episode = repo / "src/trinity/coordinator/episode.py"
+    original = episode.read_text()
+    edited = original.replace("((max(n_turns, 1) - 1) / max_turns) / 4", "((max(n_turns, 1) - 1) / max_turns) / 4.0", 1)
+    assert edited != original
+    episode.write_text(edited)
+    try:
+        out = _sh(["dvc", "repro"], repo, env)
+        ran = {s for s in ("prepare", "encode", "evolve", "evaluate", "report") if f"Running stage '{s}'" in out}
+        assert {"evolve", "evaluate", "report"} <= ran and "prepare" not in ran
+        metrics = json.loads((repo / "data/evolve/metrics.json").read_text())
+        assert metrics["resumed_from_generation"] == 0 and metrics["generations"] == 2
+        assert metrics["calls_made"] == 0 and metrics["store_hits"] > 0
+        after = json.loads((repo / "data/checkpoints/coordinator.json").read_text())
+        assert after["code_version"] != first["code_version"] and after["run_fingerprint"] != first["run_fingerprint"]
+        assert after["saved_fitness"] == first["saved_fitness"]  # same behaviour, same stored samples: same result
+    finally:
+        episode.write_text(original)
+        _sh(["dvc", "repro"], repo, env)

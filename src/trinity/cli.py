@@ -25,7 +25,7 @@ def _ask(args) -> int:
     params, meta = load_checkpoint(paths.checkpoint)
     task = Task(id="cli/ask", source="cli", prompt=(args.question,), grader=args.grader)
     encoder = stages.make_encoder(settings)
-    with Store(paths.store) as store:
+    with Store.open_or_read(paths.store) as store:  # works while a pipeline writes the store
         pool = build_pool(settings.pool, store, stages._role_caps(settings))
         if [p["name"] for p in meta["pool"]] != pool.names:
             print(f"checkpoint pool {[p['name'] for p in meta['pool']]} != params pool {pool.names}", file=sys.stderr)
@@ -39,8 +39,10 @@ def _ask(args) -> int:
         print(f"--- turn {i + 1}: {t.role.value} ({t.model})\n{t.text}\n", file=sys.stderr)
     if ep.verifier_first:
         print("(the coordinator picked the Verifier before any answer: no answer)", file=sys.stderr)
-    answer = next((t.text for t in reversed(ep.turns) if t.role.value == "worker"), "")
-    print(answer)
+    if ep.answer is None:
+        print("(no Worker succeeded: no answer)", file=sys.stderr)
+        return 1
+    print(ep.answer)
     return 0
 
 
@@ -68,9 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("name", choices=STAGES)
     s.add_argument("--params", default="params.yaml")
     s.add_argument("--root", default=".")
+    for p in (a, s):
+        p.add_argument("--retry-failures", action="store_true",
+                       help="ask again every request whose stored answer is a failure (outages are always asked "
+                            "again; this also re-asks deterministic failures). Same as TRINITY_RETRY_FAILURES=1")
     c = sub.add_parser("check-graders", help="canonical solutions through the graders; one JSON line per benchmark")
     c.add_argument("rest", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
+    if getattr(args, "retry_failures", False):
+        import os
+
+        os.environ["TRINITY_RETRY_FAILURES"] = "1"  # read by every Store this process opens
     if args.cmd == "ask":
         return _ask(args)
     if args.cmd == "stage":

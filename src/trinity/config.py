@@ -139,6 +139,11 @@ class EvolveSettings(_Section):
     """Tasks drawn per generation (seeded); every candidate plays each of them once."""
     reinforce_lr: float = 0.001
     """Adam step size of the REINFORCE baseline."""
+    saved_fitness_tasks: int | None = None
+    """Training tasks (a seeded draw, fixed for the run; null = all) on which, every generation, the vector the
+    run saves (CMA's mean) is scored: its own fitness, not the best sampled candidate's minibatch score."""
+    saved_fitness_samples: int = 2
+    """Seeded sampled episodes per scoring task (the same episodes every generation)."""
     task_runner: Literal["threads", "dask"] = "threads"
     """Where never-seen nodes are expanded (the pool calls of one turn across the whole population) when
     the run is orchestrated by Prefect: its ThreadPoolTaskRunner, or prefect-dask's DaskTaskRunner on a
@@ -156,7 +161,9 @@ class EvolveSettings(_Section):
     def _check_positive(self):
         if self.generations < 0:
             raise ValueError(f"evolve.generations must be >= 0, got {self.generations}")
-        for k in ("episodes_per_candidate", "dask_workers", "dask_threads_per_worker"):
+        if self.saved_fitness_tasks is not None and self.saved_fitness_tasks < 1:
+            raise ValueError(f"evolve.saved_fitness_tasks must be >= 1 (or null), got {self.saved_fitness_tasks}")
+        for k in ("episodes_per_candidate", "dask_workers", "dask_threads_per_worker", "saved_fitness_samples"):
             if getattr(self, k) < 1:
                 raise ValueError(f"evolve.{k} must be >= 1, got {getattr(self, k)}")
         if self.popsize is not None and self.popsize < 2:

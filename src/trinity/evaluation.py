@@ -15,7 +15,7 @@ import numpy as np
 from trinity.config import Settings
 from trinity.coordinator.episode import Episode, StateCache, episode_rng, play_episodes
 from trinity.coordinator.head import HeadShape, ParamLayout
-from trinity.coordinator.roles import Role, role_messages
+from trinity.coordinator.roles import Role, latest_answer, make_turn, role_messages
 from trinity.records import Task
 
 
@@ -40,15 +40,18 @@ def _summarise(method: str, rows: list[dict], calls: int, cost: float) -> Method
 async def _alone(pool, idx: int, tasks: Sequence[Task], grade) -> list[dict]:
     replies = await asyncio.gather(*(pool.complete(idx, role_messages(Role.WORKER, t, ()), Role.WORKER.value)
                                      for t in tasks))
-    return [{"task_id": t.id, "correct": float(grade(t, r.text)) if r.ok else 0.0, "turns": 1,
-             "path": [[str(idx), "worker"]], "answer": r.text, "ok": r.ok, "error": r.error}
-            for t, r in zip(tasks, replies)]
+    rows = []
+    for t, r in zip(tasks, replies):
+        answer = latest_answer((make_turn(pool.names[idx], Role.WORKER, r.text, r.ok),))
+        rows.append({"task_id": t.id, "correct": float(grade(t, answer)) if answer is not None else 0.0, "turns": 1,
+                     "path": [[str(idx), "worker"]], "answer": answer, "ok": r.ok, "error": r.error})
+    return rows
 
 
 def _episode_rows(eps: Sequence[Episode]) -> list[dict]:
     return [{"task_id": e.task.id, "correct": e.correct, "turns": len(e.turns), "reward": e.reward,
              "path": e.path, "verifier_first": e.verifier_first,
-             "answer": next((t.text for t in reversed(e.turns) if t.role is Role.WORKER), None)} for e in eps]
+             "answer": e.answer} for e in eps]
 
 
 def policy_from_params(settings: Settings, params: np.ndarray, n_models: int, states: StateCache):

@@ -66,9 +66,20 @@ class SamplingParams:
     seed: int = 0
 
 
+FailureKind = Literal["transient", "deterministic"]
+FAILURE_KINDS: tuple[str, ...] = ("transient", "deterministic")
+
+
 @dataclass(frozen=True)
 class ChatResponse:
-    """What one call to a pool model produced. A failed call has ok=False and a reason."""
+    """What one call to a pool model produced. A failed call has ok=False, a reason and a `failure` kind:
+
+    - "transient": an outage (429, 5xx, timeout, dropped connection, truncated body, exhausted quota, auth):
+      it says nothing about the question, so it is *not* a sample. It is counted and logged, never served
+      from the store: the next run asks again.
+    - "deterministic": the request itself fails (too long for the context, invalid, content filter, an
+      empty reply the model really produced): asking again gives the same, so it is stored as the answer.
+    """
 
     text: str
     ok: bool = True
@@ -78,6 +89,21 @@ class ChatResponse:
     cost_usd: float = 0.0
     latency_s: float = 0.0
     model: str = ""
+    failure: FailureKind | None = None
+
+    def __post_init__(self) -> None:
+        if not self.ok and self.failure is None:  # a failure of unknown kind is retried, never kept
+            object.__setattr__(self, "failure", "transient")
+        if self.ok and self.failure is not None:
+            raise ValueError(f"an ok response cannot carry failure={self.failure!r}")
+        if self.failure is not None and self.failure not in FAILURE_KINDS:
+            raise ValueError(f"unknown failure kind {self.failure!r}; expected one of {FAILURE_KINDS}")
+
+    @property
+    def is_sample(self) -> bool:
+        """True when this response is the model's answer to its request (ok, or a deterministic failure),
+        so it may be stored and served for that request; False for an outage."""
+        return self.ok or self.failure == "deterministic"
 
 
 def stable_hash(obj: Any) -> str:

@@ -50,6 +50,14 @@ def _write_json(path: Path, obj) -> None:
     tmp.replace(path)
 
 
+def run_id(settings: Settings, stage: str) -> str:
+    """A run's id in the store's episodes table and in W&B: the stage, the settings and the code version
+    (`trinity.code_version`), so runs of different code never share an id."""
+    from trinity.code_version import code_version
+
+    return f"{stage}-{settings.params_hash()[:12]}-{code_version()[:8]}"
+
+
 def make_encoder(settings: Settings):
     from trinity.coordinator.encoder import TranscriptEncoder
 
@@ -140,9 +148,10 @@ def _generation_logger(tracker, pool_names: list[str], prefix: str = "", step: b
                     "calls_total": totals["calls"], "cost_usd_total": totals["cost_usd"]}
         if tracker is not None:
             tracker.log({f"{prefix}{k}": v for k, v in metrics.items()}, step=rec.generation if step else None)
-        print(f"[{'ablation' if prefix else 'evolve'}:{rec.method}] gen {rec.generation}: best {rec.best_fitness:.3f} "
-              f"mean {rec.mean_fitness:.3f} step {rec.sigma:.4g} calls {rec.calls_made} hits {rec.store_hits} "
-              f"({rec.wall_s:.1f}s)", flush=True)
+        print(f"[{'ablation' if prefix else 'evolve'}:{rec.method}] gen {rec.generation}: saved vector "
+              f"{rec.saved_fitness:.3f} (acc {rec.saved_accuracy:.2f}); candidates mean {rec.mean_fitness:.3f} "
+              f"best {rec.best_candidate_fitness:.3f}; step {rec.sigma:.4g} calls {rec.calls_made} "
+              f"hits {rec.store_hits} ({rec.wall_s:.1f}s)", flush=True)
 
     return on_generation
 
@@ -166,8 +175,9 @@ def _reset_adapter(states, layout) -> None:
 
 
 def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
+    from trinity.code_version import code_version
     from trinity.coordinator.episode import StateCache
-    from trinity.evolve.sep_cma import save_checkpoint
+    from trinity.evolve.sep_cma import save_checkpoint, saved_fitness_episodes
     from trinity.pool.errors import check_pool_config
     from trinity.pool.runtime import build_pool
     from trinity.store import Store
@@ -180,24 +190,31 @@ def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
         pool = build_pool(settings.pool, store, _role_caps(settings))
         states = StateCache(encoder, store)
         result = _train(settings, train, pool, states, store, resume_path=paths.data / "store" / "evolve_state.pkl",
-                        run_id=f"evolve-{settings.params_hash()[:12]}",
-                        on_generation=_generation_logger(tracker, pool.names))
+                        run_id=run_id(settings, "evolve"), on_generation=_generation_logger(tracker, pool.names))
         layout = result.layout
         _reset_adapter(states, layout)
         meta = {
             "pool": [{"name": m.name, "model_id": m.model_id} for m in pool.members],
+            "code_version": code_version(), "run_fingerprint": result.fingerprint,
             "encoder": encoder.encoder_id, "dim": int(states.dim), **layout.describe(),
             "svf_layer": settings.coordinator.svf_layer, "method": settings.evolve.method,
             "seed": settings.evolve.seed, "params_hash": settings.params_hash(),
             "params_file": settings.source_path, "generations": settings.evolve.generations,
-            "best_fitness": result.best_fitness, "final_mean_fitness": result.history[-1].mean_fitness if result.history else None,
+            "saved_fitness": result.saved_fitness,
+            "saved_accuracy": result.history[-1].saved_accuracy if result.history else None,
+            "saved_fitness_episodes": len(saved_fitness_episodes(settings, train)),
+            "best_candidate_fitness": result.best_candidate_fitness,
+            "final_mean_fitness": result.history[-1].mean_fitness if result.history else None,
             "train_tasks": [t.id for t in train],
         }
         save_checkpoint(paths.checkpoint, result.params, meta)
         history = [asdict(r) for r in result.history]
         _write_json(paths.evolve_dir / "history.json", history)
-        metrics = {"best_fitness": result.best_fitness, "generations": len(history),
-                   "calls_made": pool.stats.calls_made, "store_hits": pool.stats.store_hits,
+        metrics = {"saved_fitness": result.saved_fitness, "best_candidate_fitness": result.best_candidate_fitness,
+                   "generations": len(history), "resumed_from_generation": result.resumed_from,
+                   "code_version": code_version(), "calls_made": pool.stats.calls_made,
+                   "store_hits": pool.stats.store_hits, "failed_calls": pool.stats.failures,
+                   "transient_failures": pool.stats.transient_failures,
                    "n_params": layout.n_params, "svf_params": layout.n_svf}
         _write_json(paths.evolve_dir / "metrics.json", metrics)
     return metrics
@@ -328,15 +345,22 @@ def report(settings: Settings, paths: Paths = Paths()) -> Path:
     lines += ["", "`trinity` = the evolved coordinator (argmax policy); `alone:<model>` = that model as Worker for one "
               "turn; `random-routing` = uniform random model and role each turn (same episode loop, seeded).",
               "LLM calls (new) counts calls not already in the response store when this method ran.", "",
-              "## Evolution", "", "| generation | best fitness | mean fitness | sigma | new LLM calls | store hits |",
-              "|---|---|---|---|---|---|"]
+              "## Evolution", "",
+              f"Saved vector = the parameters the run saves after that generation (CMA-ES: the distribution mean), "
+              f"scored on the same {meta.get('saved_fitness_episodes', '?')} sampled training episodes every "
+              f"generation. Candidates = that generation's sampled population on its minibatch; their best is a "
+              f"noisy maximum, not the saved vector's score.", "",
+              "| generation | saved vector fitness | saved vector accuracy | candidates mean | best candidate | "
+              "sigma | new LLM calls | store hits |",
+              "|---|---|---|---|---|---|---|---|"]
     for h in history:
-        lines.append(f"| {h['generation']} | {h['best_fitness']:.3f} | {h['mean_fitness']:.3f} | {h['sigma']:.4f} | "
+        lines.append(f"| {h['generation']} | {h['saved_fitness']:.3f} | {h['saved_accuracy']:.3f} | "
+                     f"{h['mean_fitness']:.3f} | {h['best_candidate_fitness']:.3f} | {h['sigma']:.4f} | "
                      f"{h['calls_made']} | {h['store_hits']} |")
     paths.reports.mkdir(parents=True, exist_ok=True)
     out = paths.reports / "summary.md"
     out.write_text("\n".join(lines) + "\n")
-    with Store(paths.store) as store:
+    with Store(paths.store, read_only=True) as store:  # a reader: works while another process writes the store
         store.export_parquet(paths.exports)
     return out
 
@@ -395,7 +419,7 @@ def ablation(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
             t0, calls0 = time.perf_counter(), pool.stats.calls_made
             result = _train(s, train, pool, states, store,
                             resume_path=paths.data / "store" / f"ablation_{method}_state.pkl",
-                            run_id=f"ablation-{method}-{s.params_hash()[:12]}",
+                            run_id=run_id(s, f"ablation-{method}"),
                             on_generation=_generation_logger(tracker, pool.names, prefix=f"{method}/", step=False),
                             trees=trees)
             train_calls = pool.stats.calls_made - calls0
@@ -420,11 +444,12 @@ def ablation(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
                 "heldout_mean_turns": float(np.mean([len(e.turns) for e in held])) if held else 0.0,
                 "train_episodes": int(sum(r.episodes for r in h)),
                 "train_calls": train_calls, "eval_calls": pool.stats.calls_made - calls1,
-                "best_fitness": result.best_fitness,
+                "best_candidate_fitness": result.best_candidate_fitness,
+                "saved_fitness": result.saved_fitness,
                 "last_mean_fitness": h[-1].mean_fitness if h else None,
                 "last_model_entropy": h[-1].model_entropy if h else None,
-                "curve": [{"generation": r.generation, "best": r.best_fitness, "mean": r.mean_fitness,
-                           "step": r.sigma, "calls": r.calls_made} for r in h],
+                "curve": [{"generation": r.generation, "saved": r.saved_fitness, "best": r.best_candidate_fitness,
+                           "mean": r.mean_fitness, "step": r.sigma, "calls": r.calls_made} for r in h],
                 "wall_s": round(time.perf_counter() - t0, 2),
             })
             rows.append(row)
@@ -483,7 +508,7 @@ def _write_ablation_report(res: dict, path: Path) -> None:
         "",
         "Paper (LiveCodeBench): REINFORCE .253 < random search .374 < sep-CMA-ES .615.",
         "",
-        "## Fitness per generation (mean / best)", "",
+        "## Fitness per generation (saved vector / candidates mean / best candidate)", "",
         "| generation | " + " | ".join(_METHOD_NAMES.get(r["method"], r["method"]) for r in res["methods"]) + " |",
         "|---|" + "---|" * len(res["methods"]),
     ]
@@ -491,7 +516,7 @@ def _write_ablation_report(res: dict, path: Path) -> None:
         cells = []
         for r in res["methods"]:
             c = r.get("curve") or []
-            cells.append(f"{c[g]['mean']:.3f} / {c[g]['best']:.3f}" if g < len(c) else "—")
+            cells.append(f"{c[g]['saved']:.3f} / {c[g]['mean']:.3f} / {c[g]['best']:.3f}" if g < len(c) else "—")
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

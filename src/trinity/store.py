@@ -1,7 +1,13 @@
 """The memo store: every LLM response, hidden state and episode, keyed by content hash.
 
 One DuckDB file (one writer process at a time: DuckDB's rule) with three tables:
-- responses: key = hash(model id, messages, sampling) → text, ok/error, tokens, cost. A hit makes no call.
+- responses: key = hash(model id, messages, sampling, what else shapes the reply) → text, ok/error, tokens,
+             cost. A hit makes no call. Only *samples* are served: successful replies and deterministic failures
+             (the request itself is refused: it would fail the same way again). An outage (429, 5xx, timeout,
+             dropped connection) is not a sample: it goes to `failures` only and the next run asks again.
+             `Store(retry_failures=True)` (env TRINITY_RETRY_FAILURES=1) serves no stored failure at all.
+- failures:  every failed call, append-only (key, model, kind, error, tokens, cost, time): outages counted
+             and priced, never served.
 - states:    (encoder id, transcript hash) → float32 vector. The vectors live in append-only .npy segment
              files beside the database (`<store>.states/`), one per write batch, and the table indexes them:
              bulk writes and reads run at disk speed instead of paying DuckDB's WAL + checkpoint on 4 KB blobs.
@@ -10,6 +16,11 @@ One DuckDB file (one writer process at a time: DuckDB's rule) with three tables:
 - episodes:  (run, generation, candidate, task) → path, reward, cost.
 Each write is one transaction, so a crash mid-write leaves no half rows. `export_parquet` writes each
 table to Parquet for DVC and for scans with DuckDB/pyarrow.
+
+Readers (the report stage, `trinity ask`) open the store with `read_only=True` (or `Store.open_or_read`),
+which works while another process writes it: DuckDB lets one writer *or* readers hold the file, so a reader
+that finds a writer reads a snapshot. A read-only store keeps what the process adds (new responses, states)
+in memory only and counts it in `unsaved_writes`: nothing is lost from the file, nothing is written to it.
 """
 from __future__ import annotations
 
@@ -42,6 +53,19 @@ CREATE TABLE IF NOT EXISTS responses (
     latency_s DOUBLE,
     created_at TIMESTAMP DEFAULT current_timestamp
 );
+ALTER TABLE responses ADD COLUMN IF NOT EXISTS failure VARCHAR;
+CREATE TABLE IF NOT EXISTS failures (
+    key VARCHAR NOT NULL,
+    model_id VARCHAR NOT NULL,
+    role VARCHAR,
+    failure VARCHAR NOT NULL,
+    error VARCHAR,
+    prompt_tokens INTEGER,
+    completion_tokens INTEGER,
+    cost_usd DOUBLE,
+    latency_s DOUBLE,
+    created_at TIMESTAMP DEFAULT current_timestamp
+);
 CREATE TABLE IF NOT EXISTS states (
     encoder_id VARCHAR NOT NULL,
     key VARCHAR NOT NULL,
@@ -64,10 +88,20 @@ CREATE TABLE IF NOT EXISTS episodes (
 """
 
 
-def response_key(model_id: str, messages: Sequence[ChatMessage], sampling: SamplingParams) -> str:
-    """The response-store key: what was asked of which model with which sampling settings."""
-    return stable_hash({"model": model_id, "messages": [[m.role, m.content] for m in messages],
-                        "sampling": sampling})
+def response_key(model_id: str, messages: Sequence[ChatMessage], sampling: SamplingParams,
+                 identity: dict | None = None) -> str:
+    """The response-store key: what was asked of which model with which sampling settings, and `identity`:
+    whatever else shapes the reply (a local member's file hash, rendered prompt, context size: see
+    `LocalChatModel.request_identity`)."""
+    key = {"model": model_id, "messages": [[m.role, m.content] for m in messages], "sampling": sampling}
+    if identity:
+        key["identity"] = identity
+    return stable_hash(key)
+
+
+def retry_failures_from_env() -> bool:
+    """TRINITY_RETRY_FAILURES=1: serve no stored failure (deterministic ones are asked again too)."""
+    return os.environ.get("TRINITY_RETRY_FAILURES", "").strip().lower() in ("1", "true", "yes")
 
 
 def text_key(text: str) -> str:
@@ -77,48 +111,149 @@ def text_key(text: str) -> str:
 class Store:
     """DuckDB-backed memo of responses, hidden states and episodes (see module doc)."""
 
-    def __init__(self, path: str | Path, read_only: bool = False):
+    def __init__(self, path: str | Path, read_only: bool = False, retry_failures: bool | None = None):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.con = duckdb.connect(str(self.path), read_only=read_only)
-        except duckdb.IOException as e:
-            raise RuntimeError(
-                f"cannot open store {self.path}: {e}. DuckDB allows one writer process per file; "
-                "stop the other process or give this one its own store file") from None
-        if not read_only:
+        self.read_only = read_only
+        self.retry_failures = retry_failures_from_env() if retry_failures is None else retry_failures
+        self._snapshot_dir: str | None = None
+        if read_only:
+            self.con = self._connect_reader()
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.con = duckdb.connect(str(self.path))
+            except duckdb.IOException as e:
+                raise RuntimeError(
+                    f"cannot open store {self.path}: {e}. DuckDB allows one writer process per file; "
+                    "stop the other process or give this one its own store file") from None
             self.con.execute(_SCHEMA)
         self._lock = threading.Lock()
         self._responses: dict[str, ChatResponse] = {}
         self._segments: dict[str, np.ndarray] = {}
+        self._mem_states: dict[tuple[str, str], np.ndarray] = {}  # read-only stores: states added in memory
+        self.unsaved_writes = 0
+        """Rows a read-only store kept in memory instead of writing them."""
         self._load_responses()
 
+    @classmethod
+    def open_or_read(cls, path: str | Path) -> "Store":
+        """The store as a writer if no other process writes it, else read-only (a snapshot; additions stay
+        in memory). For occasional users such as `trinity ask` that must work while a pipeline runs."""
+        try:
+            return cls(path)
+        except RuntimeError:
+            import sys
+
+            print(f"[store] {path} is open for writing by another process: reading it, new results of this "
+                  "run are not saved", file=sys.stderr, flush=True)
+            return cls(path, read_only=True)
+
     # ---------------------------------------------------------------- responses
+    def _connect_reader(self):
+        """A read-only connection, also while another process writes the store: DuckDB gives the file to one
+        writer *or* to readers, so when a writer holds it, read a snapshot (the database file and its WAL
+        copied to a temp dir, retried until the copy opens: a copy taken mid-checkpoint may not). The
+        state vectors are read from the original segment files, which are immutable once indexed."""
+        if not self.path.exists():
+            raise FileNotFoundError(f"store {self.path} does not exist: run the stages that fill it first")
+        try:
+            return duckdb.connect(str(self.path), read_only=True)
+        except duckdb.IOException as e:
+            if "lock" not in str(e).lower():
+                raise RuntimeError(f"cannot open store {self.path} read-only: {e}") from None
+            held_by = str(e)
+        import shutil
+        import sys
+        import tempfile
+        import time as _time
+
+        last: Exception | None = None
+        for _ in range(20):
+            snap = tempfile.mkdtemp(prefix="trinity-store-snapshot-")
+            dest = Path(snap) / self.path.name
+            try:
+                shutil.copyfile(self.path, dest)
+                wal = self.path.with_name(self.path.name + ".wal")
+                if wal.exists():
+                    shutil.copyfile(wal, dest.with_name(dest.name + ".wal"))
+                con = duckdb.connect(str(dest))  # replays the copied WAL into the copy
+                con.execute("CHECKPOINT")
+                con.close()
+                con = duckdb.connect(str(dest), read_only=True)
+                con.execute("SELECT count(*) FROM responses").fetchone()
+            except (duckdb.Error, OSError) as e:
+                last = e
+                shutil.rmtree(snap, ignore_errors=True)
+                _time.sleep(0.25)
+                continue
+            self._snapshot_dir = snap
+            print(f"[store] {self.path} is being written by another process ({held_by.splitlines()[0][:160]}); "
+                  f"reading a snapshot of it", file=sys.stderr, flush=True)
+            return con
+        raise RuntimeError(f"cannot read store {self.path} while another process writes it: {last}")
+
     def _load_responses(self) -> None:
+        cols = {r[0] for r in self.con.execute("DESCRIBE responses").fetchall()}
+        failure = "failure" if "failure" in cols else "NULL"  # a store written before failure kinds existed
         rows = self.con.execute(
-            "SELECT key, text, ok, error, prompt_tokens, completion_tokens, cost_usd, latency_s, model_id "
-            "FROM responses").fetchall()
-        for k, text, ok, err, pt, ct, cost, lat, mid in rows:
-            self._responses[k] = ChatResponse(text=text, ok=ok, error=err, prompt_tokens=pt or 0,
-                                              completion_tokens=ct or 0, cost_usd=cost or 0.0,
-                                              latency_s=lat or 0.0, model=mid)
+            "SELECT key, text, ok, error, prompt_tokens, completion_tokens, cost_usd, latency_s, model_id, "
+            f"{failure} FROM responses").fetchall()
+        for k, text, ok, err, pt, ct, cost, lat, mid, kind in rows:
+            resp = ChatResponse(text=text, ok=ok, error=err, prompt_tokens=pt or 0, completion_tokens=ct or 0,
+                                cost_usd=cost or 0.0, latency_s=lat or 0.0, model=mid,
+                                failure=None if ok else (kind or "transient"))
+            if self._serves(resp):
+                self._responses[k] = resp
+
+    def _serves(self, resp: ChatResponse) -> bool:
+        """Whether a stored row is served for its request: a sample (ok, or a deterministic failure), and no
+        failure at all under retry_failures. An old row of unknown failure kind counts as an outage."""
+        return resp.ok or (resp.is_sample and not self.retry_failures)
 
     def get_response(self, key: str) -> ChatResponse | None:
         return self._responses.get(key)
 
     def put_response(self, key: str, model_id: str, role: str | None, messages: Sequence[ChatMessage],
                      sampling: SamplingParams, resp: ChatResponse) -> None:
+        """Record one real call. A sample (see module doc) becomes the stored answer to `key`; every failure,
+        outage or not, is appended to `failures` (counted and priced, never served)."""
+        if self.read_only:
+            self.unsaved_writes += 1
+            if self._serves(resp):
+                self._responses[key] = resp
+            return
         with self._lock:
-            self.con.execute(
-                "INSERT OR REPLACE INTO responses (key, model_id, role, messages, sampling, text, ok, error, "
-                "prompt_tokens, completion_tokens, cost_usd, latency_s) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                [key, model_id, role, json.dumps([[m.role, m.content] for m in messages]),
-                 json.dumps(sampling.__dict__), resp.text, resp.ok, resp.error, resp.prompt_tokens,
-                 resp.completion_tokens, resp.cost_usd, resp.latency_s])
-            self._responses[key] = resp
+            self.con.execute("BEGIN")
+            try:
+                if resp.is_sample:
+                    self.con.execute(
+                        "INSERT OR REPLACE INTO responses (key, model_id, role, messages, sampling, text, ok, error, "
+                        "prompt_tokens, completion_tokens, cost_usd, latency_s, failure) "
+                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        [key, model_id, role, json.dumps([[m.role, m.content] for m in messages]),
+                         json.dumps(sampling.__dict__), resp.text, resp.ok, resp.error, resp.prompt_tokens,
+                         resp.completion_tokens, resp.cost_usd, resp.latency_s, resp.failure])
+                if not resp.ok:
+                    self.con.execute(
+                        "INSERT INTO failures (key, model_id, role, failure, error, prompt_tokens, completion_tokens, "
+                        "cost_usd, latency_s) VALUES (?,?,?,?,?,?,?,?,?)",
+                        [key, model_id, role, resp.failure, resp.error, resp.prompt_tokens, resp.completion_tokens,
+                         resp.cost_usd, resp.latency_s])
+                self.con.execute("COMMIT")
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+            if self._serves(resp):
+                self._responses[key] = resp
+            else:
+                self._responses.pop(key, None)
 
     def response_count(self) -> int:
         return len(self._responses)
+
+    def failure_counts(self) -> dict[str, int]:
+        """Failed calls recorded so far, by kind ({"transient": n, "deterministic": m})."""
+        return dict(self.con.execute("SELECT failure, count(*) FROM failures GROUP BY failure").fetchall())
 
     # ---------------------------------------------------------------- states
     @property
@@ -133,6 +268,15 @@ class Store:
         return seg
 
     def get_states(self, encoder_id: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        if not keys:
+            return {}
+        if self._mem_states:
+            mem = {k: v for k in keys if (v := self._mem_states.get((encoder_id, k))) is not None}
+            rest = [k for k in keys if k not in mem]
+            return {**self._get_stored_states(encoder_id, rest), **mem} if rest else mem
+        return self._get_stored_states(encoder_id, keys)
+
+    def _get_stored_states(self, encoder_id: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
         if not keys:
             return {}
         want = pa.table({"key": pa.array(list(dict.fromkeys(keys)), pa.string())})
@@ -162,6 +306,10 @@ class Store:
         if vectors.ndim != 2 or len(keys) != vectors.shape[0]:
             raise ValueError(f"put_states: {len(keys)} keys for an array of shape {vectors.shape}")
         if not len(keys):
+            return
+        if self.read_only:
+            self.unsaved_writes += len(keys)
+            self._mem_states.update({(encoder_id, k): v for k, v in zip(keys, vectors)})
             return
         self.segments_dir.mkdir(parents=True, exist_ok=True)
         name = f"{uuid.uuid4().hex}.npy"
@@ -200,6 +348,9 @@ class Store:
         rows = list(rows)
         if not rows:
             return
+        if self.read_only:
+            self.unsaved_writes += len(rows)
+            return
         tbl = pa.table({
             "run_id": pa.array([r["run_id"] for r in rows], pa.string()),
             "generation": pa.array([r["generation"] for r in rows], pa.int32()),
@@ -224,11 +375,15 @@ class Store:
                 self.con.unregister("_new_episodes")
 
     # ---------------------------------------------------------------- export
-    def export_parquet(self, out_dir: str | Path, tables: Sequence[str] = ("responses", "states", "episodes")) -> dict[str, Path]:
+    def export_parquet(self, out_dir: str | Path,
+                       tables: Sequence[str] = ("responses", "failures", "states", "episodes")) -> dict[str, Path]:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         paths = {}
+        present = {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         for t in tables:
+            if t not in present:  # a store written before this table existed, opened read-only
+                continue
             p = out_dir / f"{t}.parquet"
             tmp = p.with_suffix(".parquet.tmp")
             if t == "states":
@@ -260,6 +415,11 @@ class Store:
 
     def close(self) -> None:
         self.con.close()
+        if self._snapshot_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._snapshot_dir, ignore_errors=True)
+            self._snapshot_dir = None
 
     def __enter__(self) -> "Store":
         return self

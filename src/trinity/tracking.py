@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trinity.code_version import code_version
 from trinity.config import PROJECT_ROOT, Settings
 from trinity.tracking_redact import redact, register_pool
 
@@ -19,6 +20,8 @@ class StageRun:
                  root: Path = PROJECT_ROOT):
         import wandb
 
+        from trinity.stages import run_id
+
         register_pool(settings.pool)
         mode = os.environ.get("WANDB_MODE") or settings.tracking.wandb_mode
         wandb_dir = Path(os.environ.get("WANDB_DIR") or root / "data" / "wandb")
@@ -27,9 +30,10 @@ class StageRun:
         self._wandb = wandb
         self.run = wandb.init(
             project=settings.tracking.wandb_project, job_type=stage, group="pipeline", mode=mode,
-            dir=str(wandb_dir), name=f"{stage}-{settings.params_hash()[:8]}",
+            dir=str(wandb_dir), name=run_id(settings, stage),
             config=redact({"stage": stage, "params": settings.model_dump(exclude={"source_path"}),
-                           "params_hash": settings.params_hash(), **(config or {})}),
+                           "params_hash": settings.params_hash(), "code_version": code_version(),
+                           **(config or {})}),
             settings=wandb.Settings(console="off", x_disable_stats=True), reinit="finish_previous")
 
     @property

@@ -27,7 +27,8 @@ import numpy as np
 
 from trinity.config import RewardSettings
 from trinity.coordinator.head import softmax
-from trinity.coordinator.roles import ROLES, Role, Turn, coordinator_text, make_turn, role_messages
+from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, is_answer, latest_answer, make_turn,
+                                      role_messages)
 from trinity.coordinator.streams import EpisodeStream, episode_streams
 from trinity.records import ChatMessage, Task, stable_hash
 from trinity.store import Store, text_key
@@ -133,7 +134,7 @@ class _Node:
         h = hasher.copy()
         h.update(b'"')
         self.key = h.hexdigest()
-        self.answer = answer  # the latest ok Worker text on the path (what would be graded)
+        self.answer = answer  # roles.latest_answer of the path, kept incrementally (what is graded)
         self.children: dict[tuple[Role, str, bool], _Node] = {}
         self.edges: dict[tuple[int, Role], _Edge] = {}
         self._messages: dict[Role, list[ChatMessage]] = {}
@@ -145,7 +146,7 @@ class _Node:
         if c is None:
             h = self._hasher.copy()
             h.update(_json_escaped(f"\n\n{turn.role.value}: {turn.text}"))
-            answer = turn.text if (turn.role is Role.WORKER and turn.ok) else self.answer
+            answer = turn.text if is_answer(turn) else self.answer
             c = self.children[k] = _Node(h, answer)
         return c
 
@@ -209,6 +210,12 @@ class Episode:
     forced: list[bool] = field(default_factory=list, repr=False)
     """With keep_features: whether each pick's role was the Thinker's override (not the head's draw)."""
     node: _Node | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def answer(self) -> str | None:
+        """The episode's answer (`roles.latest_answer`): what was graded, and what is exported and printed.
+        None when no Worker succeeded, or when a Verifier spoke before any answer (the episode scores 0)."""
+        return None if self.verifier_first else latest_answer(self.turns)
 
     @property
     def path(self) -> list[list[str]]:

@@ -60,9 +60,17 @@ def coordinator_text(task: Task, turns: tuple[Turn, ...]) -> str:
     return "\n\n".join(parts)
 
 
+def is_answer(turn: Turn) -> bool:
+    """Whether a turn is an answer: a Worker reply that succeeded. A failed call (ok=False: an outage, an
+    empty reply) is never an answer, whatever text it carries."""
+    return turn.role is Role.WORKER and turn.ok
+
+
 def latest_answer(turns: tuple[Turn, ...]) -> str | None:
+    """*The* answer of a transcript: the latest successful Worker reply (None if there is none). The one
+    definition used everywhere: what is graded, exported, printed by `trinity ask`, and shown to later roles."""
     for t in reversed(turns):
-        if t.role is Role.WORKER and t.ok:
+        if is_answer(t):
             return t.text
     return None
 

@@ -159,8 +159,11 @@ def make_optimizer(settings: Settings, layout: ParamLayout) -> Optimizer:
 @dataclass
 class GenerationRecord:
     generation: int
-    best_fitness: float
+    best_candidate_fitness: float
+    """The best sampled candidate's fitness on this generation's minibatch: a noisy maximum over candidates,
+    *not* the fitness of the vector the run saves (that is `saved_fitness`)."""
     mean_fitness: float
+    """Mean over this generation's candidates of their minibatch fitness."""
     sigma: float
     calls_made: int
     store_hits: int
@@ -176,15 +179,28 @@ class GenerationRecord:
     calls_per_episode: float = 0.0
     model_entropy: float = 0.0
     """Entropy (nats) of the generation's model picks, all episodes pooled: 0 = one model for everything."""
+    saved_fitness: float = 0.0
+    """Fitness of the vector the run would save after this generation (`Optimizer.params`: CMA's mean), on
+    the fixed scoring episodes (`saved_fitness_episodes`): the same tasks and seeds every generation."""
+    saved_accuracy: float = 0.0
+    """Correctness alone on those same episodes."""
 
 
 @dataclass
 class EvolutionResult:
     params: np.ndarray  # the optimiser's answer after the last generation (CMA: the mean, robust to noise)
-    best_params: np.ndarray
-    best_fitness: float
+    saved_fitness: float | None
+    """`params`' own fitness on the fixed scoring episodes (None when no generation was played)."""
+    best_candidate_params: np.ndarray
+    best_candidate_fitness: float
+    """The best sampled candidate over the run, by its (noisy) minibatch fitness: kept for inspection; it is
+    not what the run saves."""
     history: list[GenerationRecord] = field(default_factory=list)
     layout: ParamLayout | None = None
+    resumed_from: int = 0
+    """Generations already played by the checkpoint this call resumed (0: a new run)."""
+    fingerprint: str = ""
+    """The run's identity (`run_fingerprint`)."""
 
 
 def _atomic_pickle(obj, path: Path) -> None:
@@ -205,7 +221,8 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
     layout = param_layout(settings, len(pool), states)
     n = layout.n_params
     trees = RolloutTrees() if trees is None else trees
-    fingerprint = _fingerprint(settings, layout, train, getattr(states.encoder, "base_id", None))
+    fingerprint = run_fingerprint(settings, layout, train, getattr(states.encoder, "base_id", None))
+    scoring = saved_fitness_episodes(settings, train)
     state = None
     if resume_path is not None and resume_path.exists():
         with open(resume_path, "rb") as f:
@@ -219,6 +236,10 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
         state = {"optimizer": make_optimizer(settings, layout), "generation": 0, "history": [],
                  "best": (-np.inf, np.zeros(n)), "fingerprint": fingerprint}
     opt: Optimizer = state["optimizer"]
+    resumed_from = state["generation"]
+    if resumed_from:
+        print(f"[evolve:{opt.method}] resuming run {fingerprint[:12]} at generation {resumed_from} of {ev.generations}",
+              flush=True)
     while state["generation"] < ev.generations:
         g = state["generation"]
         t0 = time.perf_counter()
@@ -244,6 +265,7 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
         b = int(np.argmax(fitness))
         if fitness[b] > state["best"][0]:
             state["best"] = (float(fitness[b]), np.array(X[b]))
+        saved = score_params(opt.params, layout, scoring, settings, pool, states, grade, trees)
         names = pool.names
         models = dict.fromkeys(names, 0)
         roles = dict.fromkeys((ROLE_VALUE[r] for r in ROLES), 0)
@@ -255,20 +277,47 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
             roles[ROLE_VALUE[r]] += k
         calls = pool.stats.calls_made - calls0
         rec = GenerationRecord(
-            generation=g, best_fitness=float(fitness.max()), mean_fitness=float(fitness.mean()),
+            generation=g, best_candidate_fitness=float(fitness.max()), mean_fitness=float(fitness.mean()),
             sigma=opt.sigma, calls_made=calls, store_hits=pool.stats.store_hits - hits0,
             states_encoded=states.encoded - enc0, cost_usd=pool.stats.cost_usd - cost0, model_usage=models,
             role_usage=roles, mean_accuracy=float(np.mean([e.correct for e in episodes])),
             wall_s=time.perf_counter() - t0, method=opt.method, episodes=len(episodes),
-            calls_per_episode=calls / len(episodes), model_entropy=entropy_of_counts(list(models.values())))
+            calls_per_episode=calls / len(episodes), model_entropy=entropy_of_counts(list(models.values())),
+            saved_fitness=saved[0], saved_accuracy=saved[1])
         state["history"].append(rec)
         state["generation"] = g + 1
         if resume_path is not None:
             _atomic_pickle(state, resume_path)
         if on_generation is not None:
             on_generation(rec)
-    return EvolutionResult(params=opt.params, best_params=state["best"][1], best_fitness=state["best"][0],
-                           history=state["history"], layout=layout)
+    history = state["history"]
+    return EvolutionResult(params=opt.params, saved_fitness=history[-1].saved_fitness if history else None,
+                           best_candidate_params=state["best"][1], best_candidate_fitness=state["best"][0],
+                           history=history, layout=layout, resumed_from=resumed_from, fingerprint=fingerprint)
+
+
+def saved_fitness_episodes(settings: Settings, train: Sequence[Task]) -> list[tuple[Task, int]]:
+    """The fixed episodes on which every generation's saved vector is scored: `evolve.saved_fitness_tasks`
+    training tasks (a seeded draw, the same every generation; null = all) x `saved_fitness_samples` seeded
+    sampled episodes each. The same episodes for every generation make the curve comparable across them."""
+    ev = settings.evolve
+    n = len(train) if ev.saved_fitness_tasks is None else min(ev.saved_fitness_tasks, len(train))
+    idx = sorted(np.random.default_rng([ev.seed, 104729]).permutation(len(train))[:n])
+    return [(train[i], k) for i in idx for k in range(ev.saved_fitness_samples)]
+
+
+def score_params(params: np.ndarray, layout: ParamLayout, scoring: Sequence[tuple[Task, int]], settings: Settings,
+                 pool, states: StateCache, grade, trees: RolloutTrees) -> tuple[float, float]:
+    """(mean shaped reward, mean correctness) of one parameter vector over the scoring episodes, played with
+    the sampled policy that training optimises, each episode's stream fixed by (seed, task, sample)."""
+    if not scoring:
+        return 0.0, 0.0
+    delta, W = layout.split(params)
+    rngs = episode_rngs([(settings.evolve.seed, "saved-fitness", k, t.id) for t, k in scoring])
+    eps = [Episode(task=t, candidate=0, rng=r) for (t, _), r in zip(scoring, rngs)]
+    asyncio.run(play_episodes(eps, [W], pool, states, settings.coordinator.max_turns, settings.reward, grade,
+                              adapters=None if delta is None else [delta], trees=trees))
+    return float(np.mean([e.reward for e in eps])), float(np.mean([e.correct for e in eps]))
 
 
 _RUNTIME_ONLY = {"task_runner", "dask_workers", "dask_threads_per_worker", "generations"}
@@ -276,19 +325,25 @@ _RUNTIME_ONLY = {"task_runner", "dask_workers", "dask_threads_per_worker", "gene
 (generation g's tasks and seeds depend on g only), so raising `generations` extends a finished run."""
 
 
-RESUME_FORMAT = 2
-"""Bumped when the pickled state changes meaning (2: optimisers carry their own RandomState)."""
+RESUME_FORMAT = 3
+"""Bumped when the pickled state changes meaning (2: optimisers carry their own RandomState; 3: records carry
+the saved vector's fitness)."""
 
 
-def _fingerprint(settings: Settings, layout: ParamLayout, train: Sequence[Task], encoder_id: str | None) -> str:
-    """What makes a checkpoint this run's: settings, head shape, tasks, and the encoder's exact features (model,
-    dtype, feature config: the policy reads them, so a different encoder is a different run)."""
+def run_fingerprint(settings: Settings, layout: ParamLayout, train: Sequence[Task], encoder_id: str | None,
+                    code: str | None = None) -> str:
+    """What makes a checkpoint this run's: settings, head shape, the training tasks' content, the encoder's
+    exact features (model, dtype, feature config: the policy reads them), and the version of the code that
+    shapes results (`trinity.code_version`: prompts, episode loop, reward, graders, optimisers) — a code
+    change starts a new run unless declared a compatible refactor there."""
+    from trinity.code_version import code_version
     from trinity.records import stable_hash
 
     dump = settings.model_dump(include={"evolve", "reward", "coordinator", "pool"})
     dump["evolve"] = {k: v for k, v in dump["evolve"].items() if k not in _RUNTIME_ONLY}
     return stable_hash({"settings": dump, "shape": [layout.head.n_models, layout.head.dim, layout.n_svf],
-                        "train": [t.id for t in train], "encoder": encoder_id, "format": RESUME_FORMAT})
+                        "train": [t.to_json() for t in train], "encoder": encoder_id, "format": RESUME_FORMAT,
+                        "code": code_version() if code is None else code})
 
 
 def save_checkpoint(path: Path, params: np.ndarray, metadata: dict) -> None:

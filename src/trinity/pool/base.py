@@ -9,10 +9,14 @@ from trinity.records import ChatMessage, ChatResponse, SamplingParams
 @runtime_checkable
 class ChatModel(Protocol):
     """A pool member. `name` is the pool-local name (what the head's logits index);
-    `model_id` identifies the weights/endpoint model and is part of every response-store key.
+    `model_id` identifies the weights/endpoint model and is part of every response-store key. A member may
+    also define `request_identity(messages) -> dict`: whatever else shapes its reply to `messages` (a local
+    member's rendered prompt, context size, runtime version); it joins the key too.
 
     `chat` never raises for model-side failures (timeouts, HTTP errors, malformed replies): it returns
-    a ChatResponse with ok=False and the reason, so an episode can score 0 and the run goes on.
+    a ChatResponse with ok=False, the reason and the failure's kind (`ChatResponse.failure`: "transient" for an
+    outage, which is not stored as the answer; "deterministic" when the request itself fails), so an episode
+    can score 0 and the run goes on.
     """
 
     name: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -156,6 +157,31 @@ def resolve_gguf(model: str) -> Path:
         return p
     raise ModelAssemblyError(
         f"{model!r} is neither a bundled model ({sorted(BUNDLED)}) nor an existing .gguf file")
+
+
+def gguf_sha256(model: str, path: Path | None = None) -> str:
+    """The sha256 of a local member's GGUF: pinned for a bundled id (checked at assembly); for a user's file,
+    computed once and remembered by (path, size, mtime) in `<cache>/sha256-index.json`. The response store
+    keys local members by it, so a replaced file with the same name never serves the old file's replies."""
+    if model in BUNDLED:
+        spec = BUNDLED[model]
+        return spec.sha256 or PINNED_SHA256[model]
+    p = (path or resolve_gguf(model)).resolve()
+    st = p.stat()
+    index_path = cache_dir() / "sha256-index.json"
+    entry = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        index = json.loads(index_path.read_text())
+    except (FileNotFoundError, ValueError):
+        index = {}
+    digest = index.get(entry)
+    if digest is None:
+        digest = index[entry] = _sha256(p)
+        fd, tmp = tempfile.mkstemp(dir=index_path.parent, prefix=".sha256-index-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(index, f, indent=1, sort_keys=True)
+        os.replace(tmp, index_path)
+    return digest
 
 
 # Hashes of single-file bundled models, measured on the released package files (see README).

@@ -3,17 +3,24 @@
 A model file is loaded once per process (shared by every member that names it). Calls run in a worker
 thread (asyncio.to_thread) so the event loop never blocks; one lock per loaded model serialises calls,
 since a llama.cpp context is not thread-safe and the CPU is the bottleneck anyway.
+
+A stored response must be the answer to the same question, so what keys a local member's responses
+(`LocalChatModel.model_id` + `request_identity`) is everything that shapes the reply besides the messages
+and the sampling settings: the GGUF's sha256 (its weights and its chat template), the prompt style, for a
+completion-style (base) model the exact prompt text rendered from the messages (its template, few-shot
+example and stop strings included), the context size, the thread count and the llama.cpp version.
 """
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import threading
 import time
 from pathlib import Path
 from typing import Sequence
 
 from trinity.config import PoolMember
-from trinity.pool.bundled import BUNDLED, resolve_gguf
+from trinity.pool.bundled import BUNDLED, gguf_sha256, resolve_gguf
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 
 _LOADED: dict[tuple[str, int, int], tuple[object, threading.Lock]] = {}
@@ -36,15 +43,27 @@ def load_llama(path: Path, n_ctx: int, n_threads: int):
         return _LOADED[key]
 
 
+COMPLETION_EXAMPLE = ("Question: What is 12 + 30? Put the final answer in \\boxed{}.\n\n"
+                      "Answer: 12 + 30 = 42, so the answer is \\boxed{42}.")
+"""The one worked example a base model sees before the task (part of the rendered prompt, hence the key)."""
+COMPLETION_STOP: tuple[str, ...] = ("\n\nQuestion:",)
+"""Where a base model's completion is cut (it would go on to invent the next question)."""
+
+
 def completion_prompt(messages: Sequence[ChatMessage]) -> str:
     """Few-shot completion prompt for base (non-chat) models: the instruction, one worked example of the
     format, then the task with an open 'Answer:' for the model to continue."""
     system = " ".join(m.content for m in messages if m.role == "system")
     convo = "\n\n".join(f"{'Question' if m.role == 'user' else 'Answer'}: {m.content}"
                         for m in messages if m.role != "system")
-    example = ("Question: What is 12 + 30? Put the final answer in \\boxed{}.\n\n"
-               "Answer: 12 + 30 = 42, so the answer is \\boxed{42}.")
-    return f"{system}\n\n{example}\n\n{convo}\n\nAnswer:"
+    return f"{system}\n\n{COMPLETION_EXAMPLE}\n\n{convo}\n\nAnswer:"
+
+
+def _llama_cpp_version() -> str:
+    try:
+        return importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        return "not-installed"
 
 
 class LocalChatModel:
@@ -55,8 +74,23 @@ class LocalChatModel:
         self.name = member.name
         self.path = resolve_gguf(member.model)
         spec = BUNDLED.get(member.model)
-        self.model_id = f"gguf:{spec.id if spec else self.path.name}"
+        self.sha256 = gguf_sha256(member.model, self.path)
+        self.model_id = f"gguf:{spec.id if spec else self.path.name}@sha256:{self.sha256}"
+        """Readable name + the file's content hash: same name, other weights → other responses."""
         self.completion_style = member.prompt_style == "completion" or (spec is not None and not spec.chat)
+        self._identity = {
+            "prompt_style": "completion" if self.completion_style else "chat",
+            "stop": list(COMPLETION_STOP) if self.completion_style else [],
+            "n_ctx": member.n_ctx, "n_threads": member.n_threads, "llama_cpp": _llama_cpp_version(),
+        }
+
+    def request_identity(self, messages: Sequence[ChatMessage]) -> dict:
+        """What, besides model_id, messages and sampling, shapes this member's reply to `messages` (part of
+        the response-store key; see the module doc). A completion-style member's rendered prompt is in it,
+        so editing its template or few-shot example is a store miss."""
+        if self.completion_style:
+            return {**self._identity, "prompt": completion_prompt(messages)}
+        return self._identity
 
     def _generate(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
         llm, lock = load_llama(self.path, self.member.n_ctx, self.member.n_threads)
@@ -69,7 +103,7 @@ class LocalChatModel:
             if self.completion_style:
                 out = llm.create_completion(
                     completion_prompt(messages), max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-                    top_p=sampling.top_p, seed=sampling.seed, stop=["\n\nQuestion:"])
+                    top_p=sampling.top_p, seed=sampling.seed, stop=list(COMPLETION_STOP))
                 text = out["choices"][0]["text"]
             else:
                 out = llm.create_chat_completion(
@@ -79,7 +113,9 @@ class LocalChatModel:
                 text = out["choices"][0]["message"]["content"] or ""
         usage = out.get("usage") or {}
         ok = bool(text.strip())
+        # an empty reply is what this model, seeded, says to this prompt: a sample (deterministic)
         return ChatResponse(text=text, ok=ok, error=None if ok else "empty reply",
+                            failure=None if ok else "deterministic",
                             prompt_tokens=int(usage.get("prompt_tokens", 0)),
                             completion_tokens=int(usage.get("completion_tokens", 0)),
                             latency_s=time.perf_counter() - t0, model=self.model_id)
@@ -89,7 +125,14 @@ class LocalChatModel:
         try:
             return self._generate(messages, sampling)
         except Exception as e:  # a model-side failure is a failed call, not a crash
-            return ChatResponse(text="", ok=False, error=f"{type(e).__name__}: {e}", model=self.model_id)
+            return ChatResponse(text="", ok=False, error=f"{type(e).__name__}: {e}", model=self.model_id,
+                                failure="deterministic" if _is_request_error(e) else "transient")
 
     async def chat(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
         return await asyncio.to_thread(self.generate, messages, sampling)
+
+
+def _is_request_error(e: Exception) -> bool:
+    """llama-cpp-python's refusal of the request itself (the prompt does not fit the context window): the
+    same request always fails, so it is stored. Anything else (out of memory, a load failure) is an outage."""
+    return isinstance(e, ValueError) and "context window" in str(e)

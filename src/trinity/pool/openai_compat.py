@@ -20,6 +20,10 @@ Per call:
   * a reply that parses but carries no answer (no choices, null or empty content) is a failed
     ChatResponse with the reason, not retried: the endpoint answered, and it was billed.
   * never raises for model-side failures: the result is a ChatResponse with ok=False and the reason.
+  * a failure's kind (`ChatResponse.failure`): "deterministic" when the request itself is refused (HTTP
+    400/413/422: invalid, too long, filtered) or answered without content — the pool stores it as the
+    answer; "transient" for everything else (throttling, 5xx, timeouts, dropped connections, truncated
+    bodies, exhausted quota, auth) — an outage is not a sample: counted, logged, asked again next run.
 
 Secrets: the API key is read from os.environ[member.api_key_env] once, at construction. It lives only
 in the SDK client and in a holder whose repr is masked (used to scrub error texts); it is in no repr,
@@ -52,6 +56,8 @@ from trinity.tracking_redact import redact_text, register_secret_env_names
 log = logging.getLogger(__name__)
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
+_DETERMINISTIC_STATUS = frozenset({400, 413, 422})
+"""Refusals of the request itself (invalid, too long, content filter): stored as the answer, not retried."""
 _NO_KEY_PLACEHOLDER = "no-key"  # the SDK insists on some key; keyless local servers ignore it
 _ERROR_EXCERPT_CHARS = 300
 
@@ -81,6 +87,9 @@ class _Attempt:
     """Set when the attempt failed in a retryable way."""
     retry_after_s: float | None = None
     give_up: bool = False
+    deterministic: bool = False
+    """The request itself is refused (invalid, too long, filtered): the same request fails the same way, so
+    the failure is a sample (stored). Everything else that fails is an outage (retried on the next run)."""
 
 
 class LoopLocalSemaphore:
@@ -212,6 +221,7 @@ class OpenAICompatibleChatModel:
         }
         attempts = 0
         last_error = "no attempt made"
+        deterministic = False
         result: ChatResponse | None = None
         for attempt in range(self.member.max_retries + 1):
             attempts += 1
@@ -220,6 +230,7 @@ class OpenAICompatibleChatModel:
                 result = outcome.response
                 break
             last_error = outcome.error or "unknown failure"
+            deterministic = outcome.deterministic
             if outcome.give_up or attempt == self.member.max_retries:
                 break
             delay = self._backoff(attempt, outcome.retry_after_s)
@@ -229,7 +240,8 @@ class OpenAICompatibleChatModel:
 
         if result is None:
             reason = last_error if attempts == 1 else f"gave up after {attempts} attempts; last: {last_error}"
-            result = ChatResponse(text="", ok=False, error=reason, model=self.model_id)
+            result = ChatResponse(text="", ok=False, error=reason, model=self.model_id,
+                                  failure="deterministic" if deterministic else "transient")
             log.warning("pool member %s: call failed: %s", self.name, reason)
         result = dataclasses.replace(result, latency_s=time.monotonic() - t0)
         self._account(result, attempts)
@@ -278,7 +290,9 @@ class OpenAICompatibleChatModel:
         if status == 429 and _error_code(e) == "insufficient_quota":
             return _Attempt(error=error, give_up=True)
         if not (status in _RETRYABLE_STATUS or status >= 500):
-            return _Attempt(error=error, give_up=True)
+            # 400/413/422: the request is invalid or too long (or filtered) — asking again gives the same.
+            # 401/403/404 and the rest: the endpoint or its configuration, not the question — an outage.
+            return _Attempt(error=error, give_up=True, deterministic=status in _DETERMINISTIC_STATUS)
         if retry_after is not None and retry_after > self._max_retry_after_s:
             return _Attempt(error=f"{error} (Retry-After {retry_after:.0f}s exceeds the "
                                   f"{self._max_retry_after_s:.0f}s we wait)", give_up=True)
@@ -302,7 +316,8 @@ class OpenAICompatibleChatModel:
         cost = self.cost_of(pt, ct)
 
         def failed(reason: str) -> _Attempt:
-            return _Attempt(response=ChatResponse(text="", ok=False, error=reason, prompt_tokens=pt,
+            # the endpoint answered (and billed) without content: refusal, content filter, blank — a sample
+            return _Attempt(response=ChatResponse(text="", ok=False, error=reason, failure="deterministic", prompt_tokens=pt,
                                                   completion_tokens=ct, cost_usd=cost, model=self.model_id))
 
         choices = data.get("choices")

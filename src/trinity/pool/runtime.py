@@ -8,8 +8,10 @@
   asyncio worker threads (`InProcessExpansion`, the default), or through a Prefect task runner
   (`trinity.evolve.engine.TaskRunnerExpansion`: threads, or Dask worker processes). Whatever runs them,
   responses come back to this process, which alone writes the store (DuckDB: one writer).
-- Every real call is counted (`calls_made`) and stored as soon as it returns, failures included, so a rerun
-  pays for nothing twice.
+- Every real call is counted (`calls_made`, `failures`, cost) and recorded as soon as it returns. A sample
+  (a reply, or a deterministic failure) is stored as *the* answer to its request, so a rerun pays for
+  nothing twice; an outage (transient failure) is logged but not served: the next run asks again
+  (`trinity.store` module doc).
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ class PoolStats:
     calls_made: int = 0
     store_hits: int = 0
     failures: int = 0
+    transient_failures: int = 0
+    """Outages among `failures`: recorded and priced, not stored as answers (the next run asks again)."""
     cost_usd: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -104,12 +108,21 @@ class Pool:
         return sp
 
     def signature(self) -> tuple:
-        """What the response keys of this pool depend on: member names, model ids and per-role sampling."""
+        """What the response keys of this pool depend on: member names, model ids, what else shapes each
+        member's replies (`request_identity` of an empty request), and per-role sampling."""
         roles = (None, "thinker", "worker", "verifier")
-        return tuple((m.name, m.model_id, tuple(self.sampling(i, r) for r in roles)) for i, m in enumerate(self.members))
+        return tuple((m.name, m.model_id, repr(self._identity(i, ())), tuple(self.sampling(i, r) for r in roles))
+                     for i, m in enumerate(self.members))
+
+    def _identity(self, idx: int, messages: Sequence[ChatMessage]) -> dict | None:
+        identity = getattr(self.members[idx], "request_identity", None)
+        return identity(messages) if identity is not None else None
 
     def key(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> str:
-        return response_key(self.members[idx].model_id, messages, self.sampling(idx, role))
+        """The response-store key of a request: model id, messages, sampling, and whatever else the member
+        says shapes its reply (`request_identity`: a local member's file hash, rendered prompt, context...)."""
+        return response_key(self.members[idx].model_id, messages, self.sampling(idx, role),
+                            self._identity(idx, messages))
 
     async def complete(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> ChatResponse:
         return (await self.complete_many([Request(idx, role, self.key(idx, messages, role), messages)]))[0]
@@ -182,6 +195,7 @@ class Pool:
         self.stats.calls_made += 1
         self.stats.calls_by_model[member.name] += 1
         self.stats.failures += 0 if resp.ok else 1
+        self.stats.transient_failures += 1 if resp.failure == "transient" else 0
         self.stats.cost_usd += resp.cost_usd
         self.stats.prompt_tokens += resp.prompt_tokens
         self.stats.completion_tokens += resp.completion_tokens

@@ -1,0 +1,587 @@
+"""Results that mean what they say (issue 12): a code change is a new run, an outage is not a sample, a local
+member's stored reply answers the same question, the reported fitness is the saved vector's, there is one
+definition of the answer, and DVC knows what every stage reads (readers work while a writer runs).
+
+The pool members here are scripted ChatModels or a fault-injecting HTTP server on 127.0.0.1 where the
+behaviour under test is the protocol; the local-member tests run the bundled GGUFs for real."""
+import ast
+import asyncio
+import hashlib
+import multiprocessing as mp
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fake_openai_server import FakeOpenAIServer
+from trinity import code_version as cv
+from trinity.config import (CoordinatorSettings, EvolveSettings, PoolMember, PoolSettings, PROJECT_ROOT,
+                            RewardSettings, Settings)
+from trinity.coordinator.episode import Episode, StateCache, play_episodes
+from trinity.coordinator.roles import Role
+from trinity.evolve import sep_cma
+from trinity.pool.openai_compat import OpenAICompatibleChatModel
+from trinity.pool.runtime import Pool
+from trinity.records import ChatMessage, ChatResponse, Task
+from trinity.store import Store
+
+TASK = Task(id="t/1", source="gsm8k", prompt=("What is 2+3?",), grader="math", answer="5")
+TASKS = [TASK, Task(id="t/2", source="gsm8k", prompt=("What is 1+4?",), grader="math", answer="5"),
+         Task(id="t/3", source="gsm8k", prompt=("What is 9-4?",), grader="math", answer="5")]
+
+
+class ScriptedModel:
+    """A ChatModel whose reply depends on the role it is asked for (read off the role prompt)."""
+
+    def __init__(self, name, replies):
+        self.name, self.model_id, self.replies, self.calls = name, f"scripted:{name}", replies, 0
+
+    async def chat(self, messages, sampling):
+        self.calls += 1
+        text = messages[-1].content
+        role = "verifier" if "ACCEPT or REJECT" in text else "thinker" if "<suggestion>" in text else "worker"
+        reply = self.replies[role]
+        if isinstance(reply, ChatResponse):
+            return reply
+        return ChatResponse(text=reply, model=self.model_id, prompt_tokens=10, completion_tokens=5)
+
+
+class HashEncoder:
+    encoder_id, dim = "hash-encoder", 8
+
+    def encode(self, texts):
+        return np.stack([np.frombuffer(hashlib.sha256(t.encode()).digest(), dtype=np.uint8)[:8].astype(np.float32)
+                         / 255 - 0.5 for t in texts])
+
+
+def grade(task, text):
+    return 1.0 if "\\boxed{5}" in (text or "") else 0.0
+
+
+GOOD = {"worker": "2+3=5 so \\boxed{5}", "verifier": "REJECT. check again",
+        "thinker": "<suggestion>add</suggestion><suggested_role>worker</suggested_role>"}
+WRONG = {**GOOD, "worker": "it is \\boxed{7}"}
+
+
+def scripted_pool(store, replies=(GOOD, WRONG)):
+    models = [ScriptedModel(n, r) for n, r in zip("ab", replies)]
+    return Pool(models, [PoolMember(name=m.name, backend="local", model="x") for m in models], store), models
+
+
+def settings(**evolve) -> Settings:
+    ev = {"generations": 3, "popsize": 6, "episodes_per_candidate": 2, **evolve}
+    return Settings(pool=PoolSettings(members=[PoolMember(name=n, backend="local", model="x") for n in "ab"]),
+                    coordinator=CoordinatorSettings(max_turns=3), evolve=EvolveSettings(**ev))
+
+
+def run_evolve(tmp_path, s, resume=True):
+    with Store(tmp_path / "s.duckdb") as store:
+        pool, models = scripted_pool(store)
+        res = sep_cma.evolve(s, TASKS, pool, StateCache(HashEncoder(), store), grade,
+                             resume_path=tmp_path / "state.pkl" if resume else None, store=store)
+    return res, sum(m.calls for m in models)
+
+
+# ------------------------------------------------------------------ 1. a code change is a new run
+def _copy_package(tmp_path) -> Path:
+    dst = tmp_path / "trinity"
+    shutil.copytree(cv.PACKAGE, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path}: {old!r} not found"
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_code_version_changes_with_behaviour_not_with_comments(tmp_path):
+    pkg = _copy_package(tmp_path)
+    base = cv.raw_code_version(pkg)
+    assert base == cv.raw_code_version(cv.PACKAGE)
+    episode = pkg / "coordinator" / "episode.py"
+    # comments, docstrings and layout are not behaviour
+    _edit(episode, '"""Correctness + diversity bonus', '"""(reworded docstring) Correctness + diversity bonus')
+    _edit(episode, "    if ep.verifier_first:\n        return 0.0\n",
+          "    # a comment\n    if ep.verifier_first:\n\n        return 0.0\n")
+    _edit(pkg / "evolve" / "engine.py", "def in_prefect_flow() -> bool:", "def in_prefect_flow(  ) -> bool:  # x")
+    assert cv.raw_code_version(pkg) == base
+    # where calls run is not behaviour either (engine.py is runtime-only)
+    _edit(pkg / "evolve" / "engine.py", "_expand_task = None", "_expand_task = None\n_UNUSED = 1")
+    assert cv.raw_code_version(pkg) == base
+    # the reward shaping, a role prompt, a grader, the optimiser, a base model's template: each is a new version
+    edits = [(episode, "((max(n_turns, 1) - 1) / max_turns) / 4", "((max(n_turns, 1) - 1) / max_turns) / 5"),
+             (pkg / "coordinator" / "roles.py", "You are a strict verifier.", "You are a lenient verifier."),
+             (pkg / "grading" / "math.py", "DEFAULT_TIMEOUT_S = 5", "DEFAULT_TIMEOUT_S = 6"),
+             (pkg / "evolve" / "sep_cma.py", '"CMA_diagonal": True', '"CMA_diagonal": False'),
+             (pkg / "pool" / "local.py", "What is 12 + 30?", "What is 12 + 31?")]
+    seen = {base}
+    for path, old, new in edits:
+        _edit(path, old, new)
+        v = cv.raw_code_version(pkg)
+        assert v not in seen, f"editing {path.name} did not change the code version"
+        seen.add(v)
+
+
+def test_declared_compatible_refactor_resolves_to_the_old_version():
+    assert cv.resolve_compatible("c", {"c": "b", "b": "a"}) == "a"
+    assert cv.resolve_compatible("z", {"c": "b"}) == "z"
+    with pytest.raises(ValueError, match="cycle"):
+        cv.resolve_compatible("a", {"a": "b", "b": "a"})
+
+
+def test_code_change_starts_a_new_run_and_refactor_declared_compatible_resumes(tmp_path, monkeypatch):
+    s = settings()
+    first, calls1 = run_evolve(tmp_path, s)
+    assert first.resumed_from == 0 and len(first.history) == 3 and calls1 > 0
+    again, _ = run_evolve(tmp_path, s)  # same code: the finished run is resumed, nothing is replayed
+    assert again.resumed_from == 3 and np.array_equal(again.params, first.params)
+
+    raw = cv.raw_code_version()
+    changed = "0123456789abcdef"
+    monkeypatch.setattr(cv, "raw_code_version", lambda package=cv.PACKAGE: changed)  # the code was edited
+    cv.code_version.cache_clear()
+    try:
+        new, calls2 = run_evolve(tmp_path, s)
+        assert new.resumed_from == 0 and len(new.history) == 3  # trained again, not the old result re-saved
+        assert calls2 == 0  # ... from the stored samples: no call paid twice
+        assert new.fingerprint != first.fingerprint
+        # the edit is declared a pure refactor of the original code: the original run resumes
+        monkeypatch.setattr(cv, "COMPATIBLE_REFACTORS", {changed: raw})
+        cv.code_version.cache_clear()
+        back, _ = run_evolve(tmp_path, s)
+        assert back.fingerprint == first.fingerprint
+        assert back.resumed_from == 0  # the pickle now holds the 'changed' run; it started over ...
+        resumed, _ = run_evolve(tmp_path, s)
+        assert resumed.resumed_from == 3 and np.array_equal(resumed.params, first.params)  # ... and is resumable
+    finally:
+        cv.code_version.cache_clear()
+
+
+def test_run_id_and_fingerprint_carry_the_code_version(monkeypatch):
+    from trinity import stages
+
+    s = settings()
+    a = stages.run_id(s, "evolve")
+    monkeypatch.setattr(cv, "raw_code_version", lambda package=cv.PACKAGE: "feedfacefeedface")
+    cv.code_version.cache_clear()
+    try:
+        assert stages.run_id(s, "evolve") != a and stages.run_id(s, "evolve").endswith("feedface")
+    finally:
+        cv.code_version.cache_clear()
+
+
+# ------------------------------------------------------------------ 2. an outage is not a sample
+def _http_pool(srv, store, model="test-model", retries=0):
+    m = PoolMember(name="api", backend="openai", model=model, base_url=srv.base_url, max_retries=retries,
+                   timeout_s=5.0)
+    member = OpenAICompatibleChatModel(m, transport="httpx", backoff_base_s=0.01, backoff_max_s=0.02)
+    return Pool([member], [m], store)
+
+
+ASK = [ChatMessage("user", "What is 2+3?")]
+
+
+def _ask(pool):
+    return asyncio.run(pool.complete(0, ASK, "worker"))
+
+
+@pytest.mark.parametrize("outage", ["503", "429", "drop", "truncated", "500"])
+def test_outage_is_recorded_but_asked_again_next_run(tmp_path, outage):
+    db = tmp_path / "s.duckdb"
+    with FakeOpenAIServer(script=[outage, "ok"]) as srv:
+        with Store(db) as store:
+            pool = _http_pool(srv, store)
+            r = _ask(pool)
+            assert not r.ok and r.failure == "transient"
+            assert pool.stats.calls_made == 1 and pool.stats.failures == 1 and pool.stats.transient_failures == 1
+            assert store.get_response(pool.key(0, ASK, "worker")) is None
+            assert store.failure_counts() == {"transient": 1}
+        with Store(db) as store:  # the next run asks again and stores the real answer
+            pool = _http_pool(srv, store)
+            r = _ask(pool)
+            assert r.ok and srv.request_count == 2 and pool.stats.calls_made == 1
+        with Store(db) as store:  # ... which is now the sample: no call
+            pool = _http_pool(srv, store)
+            assert _ask(pool).ok and srv.request_count == 2 and pool.stats.store_hits == 1
+            assert store.failure_counts() == {"transient": 1}  # the outage stays on record
+
+
+def test_deterministic_failure_is_stored_and_retry_flag_asks_again(tmp_path):
+    db = tmp_path / "s.duckdb"
+    with FakeOpenAIServer(default_mode="400") as srv:
+        with Store(db) as store:
+            r = _ask(_http_pool(srv, store, retries=3))
+            assert not r.ok and r.failure == "deterministic" and "http 400" in r.error
+            assert srv.request_count == 1  # not retried: the same request fails the same way
+        with Store(db) as store:
+            pool = _http_pool(srv, store)
+            assert _ask(pool).failure == "deterministic" and pool.stats.calls_made == 0 and srv.request_count == 1
+        with Store(db, retry_failures=True) as store:  # the flag: every stored failure is asked again
+            pool = _http_pool(srv, store)
+            _ask(pool)
+            assert pool.stats.calls_made == 1 and srv.request_count == 2
+
+
+def test_retry_failures_env_flag(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRINITY_RETRY_FAILURES", "1")
+    with Store(tmp_path / "s.duckdb") as store:
+        assert store.retry_failures
+
+
+def test_failure_stored_by_an_older_version_is_retried(tmp_path):
+    """Stores written before failure kinds existed hold outages as answers: they are not served."""
+    db = tmp_path / "s.duckdb"
+    with FakeOpenAIServer() as srv:
+        with Store(db) as store:
+            key = _http_pool(srv, store).key(0, ASK, "worker")
+            store.con.execute("INSERT INTO responses (key, model_id, role, messages, sampling, text, ok, error) "
+                              "VALUES (?, 'm', 'worker', '[]', '{}', '', false, 'timeout after 120s')", [key])
+        with Store(db) as store:
+            pool = _http_pool(srv, store)
+            assert _ask(pool).ok and pool.stats.calls_made == 1
+
+
+def test_in_run_outage_is_retried_by_the_next_generation(tmp_path):
+    """Within a run the rollout trees keep each edge's reply; an outage must not stick to the edge."""
+    from trinity.coordinator.episode import RolloutTrees
+
+    with FakeOpenAIServer(script=["503"]) as srv:
+        with Store(tmp_path / "s.duckdb") as store:
+            pool = _http_pool(srv, store)
+            trees = RolloutTrees()
+            W = np.zeros((1 + 3, HashEncoder.dim))
+            W[1 + 1] = 0  # uniform roles; argmax picks the first: thinker
+            states = StateCache(HashEncoder(), store)
+
+            def play():
+                ep = Episode(task=TASK, candidate=0, rng=None)
+                asyncio.run(play_episodes([ep], [W], pool, states, 1, RewardSettings(), grade, trees=trees))
+                return ep
+
+            first = play()
+            assert not first.turns[0].ok
+            second = play()
+            assert second.turns[0].ok and srv.request_count == 2
+
+
+# ------------------------------------------------------------------ 4. a stored reply answers the same question
+def _local(model: str, **kw) -> PoolMember:
+    return PoolMember(name="m", backend="local", model=model, max_tokens=kw.pop("max_tokens", 4), **kw)
+
+
+def _local_pool(store, member: PoolMember) -> Pool:
+    from trinity.pool.local import LocalChatModel
+
+    return Pool([LocalChatModel(member)], [member], store)
+
+
+def test_local_member_is_keyed_by_template_file_and_decoding(tmp_path, monkeypatch):
+    from trinity.pool import local
+
+    gemma = _local("gemma-3-270m")  # a base model: completion-style prompt with a few-shot example
+    db = tmp_path / "s.duckdb"
+    with Store(db) as store:
+        pool = _local_pool(store, gemma)
+        r = asyncio.run(pool.complete(0, ASK, "worker"))
+        assert pool.stats.calls_made == 1 and r.model.startswith("gguf:gemma-3-270m@sha256:a5fd3b62")
+    with Store(db) as store:  # unchanged template: a hit
+        pool = _local_pool(store, gemma)
+        assert asyncio.run(pool.complete(0, ASK, "worker")).text == r.text and pool.stats.calls_made == 0
+    key = _local_pool(None, gemma).key(0, ASK, "worker")
+    monkeypatch.setattr(local, "COMPLETION_EXAMPLE", "Question: What is 2 + 2?\n\nAnswer: \\boxed{4}.")
+    with Store(db) as store:  # an edited few-shot example: a miss, the model is asked again
+        pool = _local_pool(store, gemma)
+        assert pool.key(0, ASK, "worker") != key
+        asyncio.run(pool.complete(0, ASK, "worker"))
+        assert pool.stats.calls_made == 1
+    monkeypatch.undo()
+    assert _local_pool(None, gemma).key(0, ASK, "worker") == key
+    monkeypatch.setattr(local, "COMPLETION_STOP", ("\n\nQ:",))
+    assert _local_pool(None, gemma).key(0, ASK, "worker") != key  # stop strings
+    monkeypatch.undo()
+    for changed in (gemma.model_copy(update={"n_ctx": 2048}), gemma.model_copy(update={"n_threads": 1})):
+        assert _local_pool(None, changed).key(0, ASK, "worker") != key
+    smol = _local("smollm2-135m-instruct")  # a chat model, prompted completion-style on request
+    assert (_local_pool(None, smol).key(0, ASK, "worker")
+            != _local_pool(None, smol.model_copy(update={"prompt_style": "completion"})).key(0, ASK, "worker"))
+    assert _local_pool(None, gemma.model_copy(update={"name": "renamed"})).key(0, ASK, "worker") == key
+
+
+def test_user_gguf_is_keyed_by_content_not_name(tmp_path, monkeypatch):
+    from trinity.pool.bundled import model_path
+
+    monkeypatch.setenv("TRINITY_MODEL_CACHE", str(tmp_path / "cache"))
+    mine = tmp_path / "mine.gguf"
+    shutil.copyfile(model_path("smollm2-135m-instruct"), mine)
+    k1 = _local_pool(None, _local(str(mine))).key(0, ASK, "worker")
+    assert _local_pool(None, _local(str(mine))).key(0, ASK, "worker") == k1  # (sha cached by path+size+mtime)
+    with open(mine, "r+b") as f:  # same name, other weights
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    assert _local_pool(None, _local(str(mine))).key(0, ASK, "worker") != k1
+
+
+def test_prompt_too_long_for_the_context_is_a_deterministic_failure():
+    from trinity.pool.local import LocalChatModel
+    from trinity.records import SamplingParams
+
+    m = LocalChatModel(_local("smollm2-135m-instruct", n_ctx=64))
+    r = m.generate([ChatMessage("user", "count: " + " ".join(str(i) for i in range(200)))], SamplingParams(max_tokens=4))
+    assert not r.ok and r.failure == "deterministic" and "context window" in r.error
+
+
+# ------------------------------------------------------------------ 5. reported fitness describes the saved vector
+def test_saved_fitness_is_the_saved_vectors_own_score(tmp_path):
+    s = settings(saved_fitness_samples=3)
+    res, _ = run_evolve(tmp_path, s, resume=False)
+    with Store(tmp_path / "s.duckdb") as store:
+        pool, _ = scripted_pool(store)
+        states = StateCache(HashEncoder(), store)
+        layout = sep_cma.param_layout(s, len(pool), states)
+        from trinity.coordinator.episode import RolloutTrees
+
+        scoring = sep_cma.saved_fitness_episodes(s, TASKS)
+        assert len(scoring) == len(TASKS) * 3
+        own = sep_cma.score_params(res.params, layout, scoring, s, pool, states, grade, RolloutTrees())
+    assert res.saved_fitness == pytest.approx(own[0]) and res.history[-1].saved_accuracy == pytest.approx(own[1])
+    assert not np.array_equal(res.params, res.best_candidate_params)  # the saved vector is the CMA mean
+    assert all(h.best_candidate_fitness >= h.mean_fitness for h in res.history)
+
+
+class _FixedMean:
+    """An optimiser whose answer never moves while its candidates do (to see what saved_fitness measures)."""
+
+    method, needs_features = "fixed", False
+
+    def __init__(self, n):
+        self.n, self.g = n, 0
+
+    def ask(self):
+        self.g += 1
+        rng = np.random.default_rng(self.g)
+        return [rng.standard_normal(self.n) * 3 for _ in range(6)]
+
+    def tell(self, X, fitness, episodes):
+        pass
+
+    params = property(lambda self: np.zeros(self.n))
+    sigma = property(lambda self: 0.0)
+
+    def resume(self):
+        pass
+
+
+def test_saved_fitness_is_measured_on_the_same_episodes_every_generation(tmp_path, monkeypatch):
+    monkeypatch.setattr(sep_cma, "make_optimizer", lambda settings, layout: _FixedMean(layout.n_params))
+    res, _ = run_evolve(tmp_path, settings(generations=4), resume=False)
+    saved = [h.saved_fitness for h in res.history]
+    assert len(set(saved)) == 1  # the same vector on the same episodes scores the same
+    assert len({h.best_candidate_fitness for h in res.history}) > 1  # while the candidates' figures move
+
+
+# ------------------------------------------------------------------ 6. one definition of the answer
+def test_a_failed_worker_reply_is_never_the_answer(tmp_path):
+    from trinity.evaluation import _alone, _episode_rows
+
+    failed_worker = {**WRONG, "worker": ChatResponse(text="\\boxed{7} (cut off", ok=False, error="http 503")}
+    with Store(tmp_path / "s.duckdb") as store:
+        pool, _ = scripted_pool(store, (GOOD, failed_worker))
+        rng = np.random.default_rng(1)
+        heads = [rng.standard_normal((5, 8)) * 4 for _ in range(60)]
+        eps = [Episode(task=TASK, candidate=c, rng=np.random.default_rng([c])) for c in range(60)]
+        asyncio.run(play_episodes(eps, heads, pool, StateCache(HashEncoder(), store), 3, RewardSettings(), grade))
+        rows = _episode_rows(eps)
+        # episodes whose last Worker turn failed after a good one: the answer is the good one, and it is graded
+        late_fail = [(e, r) for e, r in zip(eps, rows)
+                     if [t.ok for t in e.turns if t.role is Role.WORKER][-2:] == [True, False]]
+        assert late_fail, "no episode with an ok then a failed Worker turn: change the seeds"
+        for e, r in late_fail:
+            assert e.answer == GOOD["worker"] == r["answer"] and e.correct == 1.0
+        only_failed = [(e, r) for e, r in zip(eps, rows)
+                       if any(t.role is Role.WORKER for t in e.turns) and not any(t.ok for t in e.turns
+                                                                                  if t.role is Role.WORKER)]
+        assert only_failed
+        for e, r in only_failed:
+            assert e.answer is None and r["answer"] is None and e.correct == 0.0
+        alone = asyncio.run(_alone(pool, 1, [TASK], grade))
+        assert alone[0]["answer"] is None and alone[0]["correct"] == 0.0 and alone[0]["ok"] is False
+
+
+# ------------------------------------------------------------------ 7. DVC knows what a stage reads
+_STAGE_FLOWS = {"prepare": "prepare", "encode": "encode", "evolve": "evolve", "evaluate": "evaluate",
+                "report": "report"}
+
+
+def _trinity_imports(tree: ast.AST) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trinity"):
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("trinity"))
+    return out
+
+
+def _module_file(mod: str) -> Path | None:
+    base = PROJECT_ROOT / "src" / Path(*mod.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.exists():
+            return p
+    return None
+
+
+def _stage_reads(stage: str) -> set[Path]:
+    """The source files a stage can run: its flow, the stage function in stages.py (and the stages.py helpers
+    it calls), then every trinity module those import, transitively (any import anywhere in a module)."""
+    stages_py = PROJECT_ROOT / "src/trinity/stages.py"
+    tree = ast.parse(stages_py.read_text())
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    todo_f, seen_f, mods = [stage], set(), set()
+    while todo_f:
+        f = todo_f.pop()
+        if f in seen_f:
+            continue
+        seen_f.add(f)
+        mods |= _trinity_imports(funcs[f])
+        todo_f += [n.id for n in ast.walk(funcs[f]) if isinstance(n, ast.Name) and n.id in funcs]
+    mods |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
+             and n.module.startswith("trinity")}
+    files = {stages_py, PROJECT_ROOT / f"flows/{_STAGE_FLOWS[stage]}.py", PROJECT_ROOT / "flows/_bootstrap.py"}
+    mods |= _trinity_imports(ast.parse((PROJECT_ROOT / "flows/_bootstrap.py").read_text())) - {"trinity.stages"}
+    todo = list(mods)
+    while todo:
+        mod = todo.pop()
+        if mod.split(".")[:2] in (["trinity", "tracking"], ["trinity", "tracking_redact"]):
+            continue  # W&B logging: it writes no DVC output (a run's log is not a result)
+        p = _module_file(mod)
+        if p is None or p in files:
+            continue
+        files.add(p)
+        parts = mod.split(".")
+        for i in range(2, len(parts)):  # a package's __init__ runs on import of its modules
+            todo.append(".".join(parts[:i]))
+        if p != stages_py:
+            todo += list(_trinity_imports(ast.parse(p.read_text())))
+    return files
+
+
+def test_dvc_deps_cover_every_file_a_stage_runs():
+    dvc = yaml.safe_load((PROJECT_ROOT / "dvc.yaml").read_text())["stages"]
+    missing = {}
+    for stage in _STAGE_FLOWS:
+        deps = [PROJECT_ROOT / d for d in dvc[stage]["deps"] if not d.startswith("${")]
+        for f in _stage_reads(stage):
+            if f.name == "__init__.py" and f.parent == PROJECT_ROOT / "src/trinity":
+                continue  # trinity/__init__.py: process settings (OpenMP waits), no results
+            if not any(f == d or d in f.parents for d in deps):
+                missing.setdefault(stage, []).append(str(f.relative_to(PROJECT_ROOT)))
+    assert not missing, f"dvc.yaml deps miss files their stage runs: {missing}"
+    assert "${data.root}" in dvc["prepare"]["deps"], "prepare must depend on the benchmark files it reads"
+    for stage in ("evolve", "evaluate"):
+        assert {"data/checkpoints/coordinator.npy", "data/prepared/train.jsonl"} & set(dvc[stage]["deps"])
+
+
+def _hold_writer(db: str, ready, release) -> None:
+    with Store(db) as store:
+        store.put_response("late", "m", "worker", ASK, __import__("trinity.records").records.SamplingParams(),
+                           ChatResponse(text="written while you read"))
+        ready.set()
+        release.wait(60)
+
+
+def _report_inputs(paths) -> None:
+    """The smallest real inputs of the report stage."""
+    import json
+
+    paths.eval_dir.mkdir(parents=True)
+    paths.evolve_dir.mkdir(parents=True)
+    paths.checkpoint.parent.mkdir(parents=True)
+    row = {"accuracy": 0.0, "n": 1, "mean_turns": 1.0, "calls": 0, "cost_usd": 0.0}
+    (paths.eval_dir / "results.json").write_text(json.dumps({"heldout": ["gsm8k"], "n_items": 1, "methods": [
+        {"method": "trinity", **row}, {"method": "alone:a", **row}]}))
+    paths.checkpoint.with_suffix(".json").write_text(json.dumps({
+        "pool": [{"name": "a"}], "encoder": "hash-encoder", "head_shape": [4, 8], "generations": 1, "seed": 0,
+        "method": "sep_cma", "saved_fitness_episodes": 2}))
+    (paths.evolve_dir / "history.json").write_text(json.dumps([{
+        "generation": 0, "saved_fitness": 0.1, "saved_accuracy": 0.0, "mean_fitness": 0.05,
+        "best_candidate_fitness": 0.2, "sigma": 0.03, "calls_made": 1, "store_hits": 0, "episodes": 2}]))
+
+
+def test_readers_work_while_a_writer_holds_the_store(tmp_path):
+    from trinity import stages
+    from trinity.records import SamplingParams
+
+    paths = stages.Paths(tmp_path)
+    db = paths.store
+    with Store(db) as store:
+        store.put_response("k", "m", "worker", ASK, SamplingParams(), ChatResponse(text="hello"))
+        store.put_states("enc", ["s1"], np.ones((1, 4), np.float32))
+    _report_inputs(paths)
+    ctx = mp.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    writer = ctx.Process(target=_hold_writer, args=(str(db), ready, release))
+    writer.start()
+    try:
+        assert ready.wait(60)
+        with pytest.raises(RuntimeError, match="one writer process"):
+            Store(db)
+        with Store(db, read_only=True) as reader:
+            assert reader.get_response("k").text == "hello"
+            assert reader.get_response("late").text == "written while you read"  # committed by the writer
+            assert reader.get_states("enc", ["s1"])["s1"].tolist() == [1.0] * 4
+            reader.put_response("new", "m", "worker", ASK, SamplingParams(), ChatResponse(text="kept in memory"))
+            assert reader.get_response("new").text == "kept in memory" and reader.unsaved_writes == 1
+        with Store.open_or_read(db) as shared:  # `trinity ask`'s way in
+            assert shared.read_only
+        out = stages.report(settings(), paths)  # the report stage, a reader, while the writer runs
+        assert out.exists()
+        import pyarrow.parquet as pq
+
+        assert set(pq.read_table(paths.exports / "responses.parquet").column("key").to_pylist()) == {"k", "late"}
+        assert (paths.exports / "failures.parquet").exists()
+    finally:
+        release.set()
+        writer.join(60)
+    assert writer.exitcode == 0
+    with Store(db) as store:  # the reader wrote nothing
+        assert store.get_response("new") is None and store.get_response("late") is not None
+
+
+# ------------------------------------------------------------------ the shaped reward: can no answer beat an answer?
+@pytest.mark.parametrize("n_models,max_turns", [(4, 3), (7, 5)])  # the embedded default; the paper's shape
+def test_a_correct_episode_always_outearns_an_incorrect_one(n_models, max_turns):
+    """Per episode, the paper's shaping cannot rank a wrong (or absent) answer above a right one: the diversity
+    bonus is at most 0.15 ln(max_turns) (0.165 at 3 turns, 0.241 at 5) and the turn penalty at most 0.025.
+    What it can do is pay an episode with *no* answer (a Thinker-only path) — see the README on reward."""
+    import itertools
+
+    from trinity.coordinator.episode import shaped_reward
+    from trinity.coordinator.roles import Turn
+
+    w = RewardSettings()
+    best_wrong, worst_right, best_no_answer = -np.inf, np.inf, -np.inf
+    for n in range(1, max_turns + 1):
+        for models in itertools.product(range(n_models), repeat=n):
+            for roles in ((Role.WORKER,) * n, (Role.THINKER,) * n):  # the reward reads roles only via answers
+                ep = Episode(task=TASK, candidate=0, rng=None)
+                ep.picks = list(zip(models, roles))
+                ep.turns = tuple(Turn(str(m), r, "x") for m, r in ep.picks)
+                for correct in (0.0, 1.0):
+                    ep.correct = correct
+                    r = shaped_reward(ep, max_turns, w)
+                    if correct:
+                        worst_right = min(worst_right, r) if Role.WORKER in roles else worst_right
+                    else:
+                        best_wrong = max(best_wrong, r)
+                        if Role.WORKER not in roles:
+                            best_no_answer = max(best_no_answer, r)
+    assert worst_right > 0.97 and best_wrong < 0.25 and worst_right > best_wrong
+    assert best_wrong == pytest.approx(0.15 * np.log(max_turns) - 0.1 * ((max_turns - 1) / max_turns) / 4)
+    assert best_no_answer == pytest.approx(best_wrong)  # an answerless episode earns the full bonus
