@@ -136,4 +136,3 @@ def test_code_edit_reruns_evolve_as_a_new_run_from_stored_calls(repo):
         assert after["saved_fitness"] == first["saved_fitness"]  # same behaviour, same stored samples: same result
     finally:
         episode.write_text(original)
-        _sh(["dvc", "repro"], repo, env)
