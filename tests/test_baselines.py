@@ -26,12 +26,13 @@ from tiny_setup import ARITHMETIC_TASKS, ROLE_CAPS, SHORT_COORDINATOR, SMOL_PAIR
 def _bandit_episodes(W, h, n, reward_of, seed=0, forced=False):
     """One-pick episodes drawn from the head's model/role softmax at a fixed state h."""
     rng = np.random.default_rng(seed)
-    pm = softmax(W[:2] @ h)
-    pr = softmax(W[2:] @ h)
+    L = W.shape[0] - 3  # number of models
+    pm = softmax(W[:L] @ h)
+    pr = softmax(W[L:] @ h)
     task = Task(id="toy/1", source="toy", prompt=("q",), grader="math")
     eps = []
     for _ in range(n):
-        m, r = int(rng.choice(2, p=pm)), int(rng.choice(3, p=pr))
+        m, r = int(rng.choice(L, p=pm)), int(rng.choice(3, p=pr))
         e = Episode(task=task, candidate=0, rng=rng)
         e.picks = [(m, [Role.THINKER, Role.WORKER, Role.VERIFIER][r])]
         e.features, e.forced = [h.astype(np.float32)], [forced]
@@ -55,12 +56,25 @@ def test_reinforce_gradient_sign_on_toy_reward():
     assert np.all(np.sign(g[0]) == np.sign(h)) and np.all(np.sign(g[1]) == -np.sign(h))
     assert np.linalg.norm(g[2:]) < 0.1 * np.linalg.norm(g[:2])  # the role does not matter here
 
-    opt = Reinforce(ParamLayout(shape), popsize=4, lr=0.05)
-    p0 = softmax(shape.unflatten(opt.params)[:2] @ h)[0]
-    for k in range(5):
-        eps = _bandit_episodes(shape.unflatten(opt.params), h, 200, lambda m, r: 1.0 if m == 0 else 0.0, seed=k)
-        opt.tell(opt.ask(), np.zeros(4), eps)
-    assert softmax(shape.unflatten(opt.params)[:2] @ h)[0] > p0 + 0.1
+    # Reinforce's steps go up that gradient: three models, picking model 1 rewarded (+1) or punished (−1).
+    # Rewarded: p(1) rises by a margin and both others fall; punished: the other way round. (5 Adam steps at
+    # lr 0.05 move each logit by about ±0.9, so p(1) goes 1/3 → ~0.75 or ~0.07; the margins leave room.)
+    def train(sign):
+        shape3 = HeadShape(n_models=3, dim=4)
+        opt = Reinforce(ParamLayout(shape3), popsize=4, lr=0.05)
+        before = softmax(shape3.unflatten(opt.params)[:3] @ h)
+        for k in range(5):
+            eps = _bandit_episodes(shape3.unflatten(opt.params), h, 300, lambda m, r: sign * float(m == 1), seed=k)
+            opt.tell(opt.ask(), np.zeros(4), eps)
+        return before, softmax(shape3.unflatten(opt.params)[:3] @ h)
+
+    before, after = train(+1.0)
+    np.testing.assert_allclose(before, 1 / 3)
+    assert after[1] > before[1] + 0.2, (before, after)
+    assert after[0] < before[0] - 0.05 and after[2] < before[2] - 0.05, (before, after)
+    before, after = train(-1.0)
+    assert after[1] < before[1] - 0.15, (before, after)
+    assert after[0] > before[0] + 0.05 and after[2] > before[2] + 0.05, (before, after)
 
 
 def test_reinforce_ignores_forced_roles_and_needs_samples():

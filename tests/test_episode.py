@@ -10,7 +10,7 @@ import pytest
 from trinity.config import PoolMember, RewardSettings
 from trinity.coordinator.episode import Episode, StateCache, model_pick_entropy, play_episodes, shaped_reward
 from trinity.coordinator.head import HeadShape, route_probs
-from trinity.coordinator.roles import Role, coordinator_text, parse_thinker, parse_verdict, role_messages
+from trinity.coordinator.roles import ROLES, Role, coordinator_text, parse_thinker, parse_verdict, role_messages
 from trinity.pool.runtime import Pool
 from trinity.records import ChatResponse, Task
 from trinity.store import Store
@@ -45,8 +45,10 @@ def grade(task, text):
 
 
 def make_pool(store, verdict="ACCEPT", suggested="worker"):
+    """suggested=None: the Thinker's reply carries no <suggested_role> (the head's role pick stands)."""
+    tag = "" if suggested is None else f"<suggested_role>{suggested}</suggested_role>"
     replies = {"worker": "2+3=5 so \\boxed{5}", "verifier": f"{verdict}. fine",
-               "thinker": f"<suggestion>add</suggestion><suggested_role>{suggested}</suggested_role>"}
+               "thinker": f"<suggestion>add</suggestion>{tag}"}
     models = [ScriptedModel("a", replies), ScriptedModel("b", replies)]
     settings = [PoolMember(name=m.name, backend="local", model="x") for m in models]
     return Pool(models, settings, store), models
@@ -112,19 +114,70 @@ def test_verifier_first_scores_zero(tmp_path):
         assert sum(m.calls for m in models) == 0
 
 
+class TurnCountEncoder:
+    """State = one-hot of the number of turns played so far, so a head can script its argmax pick turn by turn."""
+    encoder_id, dim = "turn-count-encoder", 8
+
+    def encode(self, texts):
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, t in enumerate(texts):
+            n = sum(part.startswith(("thinker: ", "worker: ", "verifier: ")) for part in t.split("\n\n"))
+            out[i, min(n, self.dim - 1)] = 1.0
+        return out
+
+
+T, W_, V = Role.THINKER, Role.WORKER, Role.VERIFIER
+
+
+def scripted_head(script, n_models=2, dim=8):
+    """Head (with TurnCountEncoder states) whose argmax at turn i is script[i] = (model, role)."""
+    W = np.zeros((n_models + 3, dim))
+    for i, (model, role) in enumerate(script):
+        W[model, i] = 10.0
+        W[n_models + ROLES.index(role), i] = 10.0
+    return W
+
+
+def _scripted_episode(tmp_path, name, script, max_turns, verdict="ACCEPT", suggested="worker"):
+    """One argmax episode of the scripted head on a scripted pool (own store: replies differ per scenario)."""
+    with Store(tmp_path / f"{name}.duckdb") as store:
+        pool, models = make_pool(store, verdict=verdict, suggested=suggested)
+        ep = Episode(task=TASK, candidate=0, rng=None)
+        asyncio.run(play_episodes([ep], [scripted_head(script)], pool, StateCache(TurnCountEncoder(), store),
+                                  max_turns, RewardSettings(), grade))
+    assert ep.done
+    return ep, sum(m.calls for m in models)
+
+
 def test_thinker_suggested_role_overrides_and_accept_stops(tmp_path):
-    with Store(tmp_path / "s.duckdb") as store:
-        pool, models = make_pool(store, verdict="ACCEPT", suggested="worker")
-        # always Thinker by the head; the Thinker's suggested_role forces a Worker on the next turn
-        eps = []
-        for sgn in (1, -1):
-            W = _W(1, 0, sgn)
-            eps.append((Episode(task=TASK, candidate=0, rng=None), W))
-        for ep, W in eps:
-            _run([ep], [W], pool, store, max_turns=3)
-        roles = [[t.role for t in ep.turns] for ep, _ in eps]
-        # whichever sign matches the root state, the head said thinker first; the override made a worker follow
-        assert any(r[:2] == [Role.THINKER, Role.WORKER] for r in roles)
+    # (a) override. The head picks (b,T), (a,T), (b,W). Without a suggested role that is what is played.
+    script = [(1, T), (0, T), (1, W_)]
+    ep, _ = _scripted_episode(tmp_path, "plain", script, max_turns=3, suggested=None)
+    assert [t.role for t in ep.turns] == [T, T, W_] and ep.picks == script
+    # With <suggested_role>worker</suggested_role> the 2nd pick's role becomes Worker (the head's model stays), once:
+    # the 3rd pick is the head's own again.
+    ep, _ = _scripted_episode(tmp_path, "to-worker", script, max_turns=3, suggested="worker")
+    assert [t.role for t in ep.turns] == [T, W_, W_]
+    assert [t.model for t in ep.turns] == ["b", "a", "b"]
+    assert ep.picks == [(1, T), (0, W_), (1, W_)]
+    assert ep.correct == 1.0
+
+    # (b) ACCEPT stops. The head picks W, V, W, V, W (max_turns 5): an ACCEPT ends the episode after turn 2
+    # and no further call is made; a REJECT plays on to max_turns.
+    script = [(0, W_), (1, V), (0, W_), (1, V), (0, W_)]
+    ep, calls = _scripted_episode(tmp_path, "accept", script, max_turns=5, verdict="ACCEPT")
+    assert [t.role for t in ep.turns] == [W_, V] and ep.turns[-1].verdict == "ACCEPT" and calls == 2
+    assert len(ep.picks) == 2 and ep.correct == 1.0
+    ep, _ = _scripted_episode(tmp_path, "reject", script, max_turns=5, verdict="REJECT")
+    assert [t.role for t in ep.turns] == [W_, V, W_, V, W_] and len(ep.picks) == 5
+    assert [t.verdict for t in ep.turns if t.role is V] == ["REJECT", "REJECT"]
+
+    # Both at once: a Verifier the Thinker forced (over the head's Worker) ends the episode on ACCEPT.
+    script = [(0, W_), (1, T), (0, W_), (0, W_), (1, T), (0, W_)]
+    ep, _ = _scripted_episode(tmp_path, "forced-accept", script, max_turns=6, verdict="ACCEPT", suggested="verifier")
+    assert [t.role for t in ep.turns] == [W_, T, V] and ep.turns[-1].verdict == "ACCEPT"
+    ep, _ = _scripted_episode(tmp_path, "forced-reject", script, max_turns=6, verdict="REJECT", suggested="verifier")
+    assert [t.role for t in ep.turns] == [W_, T, V, W_, T, V]
 
 
 def test_reward_shaping():

@@ -1,7 +1,9 @@
-"""kill -9 at a random moment of an evolve run, then the same command again: the parameters equal an
-uninterrupted run's (same seed) and no call already paid for is paid again."""
+"""kill -9 at a random moment inside an evolve run (after its checkpoint holds at least one generation, before
+the last), then the same command again: the parameters equal an uninterrupted run's (same seed) and no call
+already paid for is paid again."""
 import json
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -58,9 +60,29 @@ def _history(root: Path) -> list[dict]:
     return json.loads((root / "data/evolve/history.json").read_text())
 
 
+def _outcomes(history: list[dict]) -> list[dict]:
+    """What each generation came to, without how this process got there (timings, calls paid, store hits): its
+    fitness figures, accuracy, step size and model/role usage."""
+    keep = {"generation", "sigma", "model_usage", "role_usage", "model_entropy"}
+    out = [{k: v for k, v in h.items() if "fitness" in k or "accuracy" in k or k in keep} for h in history]
+    assert all("mean_fitness" in o and "sigma" in o for o in out)
+    return out
+
+
+def _checkpoint(root: Path) -> dict | None:
+    """The evolve stage's resume pickle (written atomically after every generation), or None before the first."""
+    try:
+        with open(root / "data/store/evolve_state.pkl", "rb") as f:
+            return pickle.load(f)
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.filterwarnings("ignore:Could not import matplotlib")  # reading the pickle imports pycma
 def test_kill9_then_resume_matches_uninterrupted_run(tmp_path):
-    """Reference `a`: one uninterrupted run of G+2 generations. `b`: G generations, kill -9 at a random moment,
-    the same command again, then asked for G+2: it carries on from G, and ends with a's exact parameters."""
+    """Reference `a`: one uninterrupted run of G+2 generations. `b`: G generations, kill -9 at a random moment inside
+    generation k (0 < k < G−1, chosen at random; the checkpoint pickle must say k generations were played), the same
+    command again, then asked for G+2: it carries on from k, then from G, and ends with a's exact parameters."""
     env = {**os.environ, "WANDB_MODE": "disabled"}
     G = TINY["evolve"]["generations"]
     a, b = tmp_path / "a", tmp_path / "b"
@@ -73,32 +95,50 @@ def test_kill9_then_resume_matches_uninterrupted_run(tmp_path):
     assert calls_a > calls_a_first_g > 0
 
     _setup(b)
-    duration = sum(h["wall_s"] for h in ha[:G])
-    delay = random.uniform(0.3, 0.9) * duration
+    k = random.randint(1, G - 2)  # kill inside generation k: k generations are in the checkpoint, G - k are not
+    into = random.uniform(0.0, 0.5)  # how far into generation k (a fraction of a's time for it)
     p = subprocess.Popen(_cli(b, "evolve"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    time.sleep(delay)
-    killed = p.poll() is None
-    if killed:
+    try:
+        deadline = time.monotonic() + 900
+        while (ck := _checkpoint(b)) is None or ck["generation"] < k:
+            assert p.poll() is None, f"the run exited (rc {p.returncode}) before its checkpoint reached generation {k}"
+            assert time.monotonic() < deadline, f"no checkpoint of generation {k} within 900 s"
+            time.sleep(0.01)
+        time.sleep(into * ha[k]["wall_s"])
+        assert p.poll() is None, "the run finished before the kill: it would not test a resume"
         os.kill(p.pid, signal.SIGKILL)
-    p.wait()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    assert p.returncode == -signal.SIGKILL  # it died of the kill, not of finishing
+    ck = _checkpoint(b)
+    killed_at = ck["generation"]
+    assert k <= killed_at < G, f"checkpoint at generation {killed_at} after a kill meant for generation {k} of {G}"
+    assert not (b / "data/evolve/history.json").exists()  # the stage never got to write its results
+    pickled_walls = [r.wall_s for r in ck["history"]]
+    assert len(pickled_walls) == killed_at
     paid_before = _responses(b)
     subprocess.run(_cli(b, "evolve"), check=True, capture_output=True, timeout=900, env=env)
     calls_resumed = json.loads((b / "data/evolve/metrics.json").read_text())["calls_made"]
     hb = _history(b)
     assert len(hb) == G
-    assert [h["best_fitness"] for h in hb] == [h["best_fitness"] for h in ha[:G]]
+    # it carried on from the checkpoint (the generations played before the kill, with their timings), not from 0
+    assert [h["wall_s"] for h in hb[:killed_at]] == pickled_walls
+    assert _outcomes(hb) == _outcomes(ha[:G])
     # nothing paid twice: the resumed run paid only for what the killed one had not stored
+    assert paid_before >= sum(h["calls_made"] for h in ha[:killed_at]) > 0  # the killed run's generations were kept
     assert paid_before + calls_resumed == calls_a_first_g == _responses(b)
 
     _set_generations(b, G + 2)  # more generations: the finished run carries on, it does not start over
     subprocess.run(_cli(b, "evolve"), check=True, capture_output=True, timeout=900, env=env)
     hb = _history(b)
     assert [h["generation"] for h in hb] == list(range(G + 2))
-    assert [h["best_fitness"] for h in hb] == [h["best_fitness"] for h in ha]
+    assert _outcomes(hb) == _outcomes(ha)
     np.testing.assert_array_equal(np.load(a / "data/checkpoints/coordinator.npy"),
                                   np.load(b / "data/checkpoints/coordinator.npy"))
     assert _responses(b) == _responses(a) == calls_a
-    print(f"killed={killed} after {delay:.1f}s of {duration:.1f}s; paid before kill {paid_before}, "
+    print(f"killed {into:.0%} into generation {k} (checkpoint at {killed_at} of {G}); paid before kill {paid_before}, "
           f"after {calls_resumed}, uninterrupted {calls_a_first_g} (+{calls_a - calls_a_first_g} for 2 more generations)")
 
 

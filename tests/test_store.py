@@ -1,6 +1,7 @@
 import multiprocessing as mp
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -17,10 +18,12 @@ def test_response_roundtrip_and_reopen(tmp_path):
     assert k != response_key("m2", msgs, sp)
     with Store(tmp_path / "s.duckdb") as s:
         s.put_response(k, "m", "worker", msgs, sp, ChatResponse(text="hello", prompt_tokens=3, completion_tokens=1))
-        s.put_response("k2", "m", "worker", msgs, sp, ChatResponse(text="", ok=False, error="timeout"))
+        s.put_response("k2", "m", "worker", msgs, sp,
+                       ChatResponse(text="", ok=False, error="http 400: too long", failure="deterministic"))
     with Store(tmp_path / "s.duckdb") as s:
         assert s.get_response(k).text == "hello"
-        assert s.get_response("k2").ok is False and s.get_response("k2").error == "timeout"
+        assert s.get_response("k2").ok is False and s.get_response("k2").error == "http 400: too long"
+        assert s.get_response("k2").failure == "deterministic"
         assert s.response_count() == 2
 
 
@@ -51,33 +54,100 @@ def test_parquet_export(tmp_path):
     assert pq.read_table(paths["responses"]).num_rows == 0
 
 
-def _writer(path, ready):
+B, DIM = 2000, 16  # rows per state batch, vector width
+
+
+def _vectors(batch):
+    """Batch `batch`'s vectors: row j is batch*B + j + (0, 1/32, ..., 15/32): every value identifies its row."""
+    return ((batch * B + np.arange(B, dtype=np.float64))[:, None] + np.arange(DIM) / 32).astype(np.float32)
+
+
+def _keys(batch):
+    return [f"b{batch}-{j}" for j in range(B)]
+
+
+def _episode_rows(run_id, gen, n=7):
+    return [{"run_id": run_id, "generation": gen, "candidate": c, "task_id": f"t{c}", "path": [[str(c), "worker"]],
+             "reward": gen + c / 8, "correct": float(c % 2), "cost_usd": 0.0} for c in range(n)]
+
+
+class _HangWhenAllRowsIn:
+    """A DuckDB connection that, once every row of the crash batch has been INSERTed (whatever transactions the
+    store uses) and before the store's write returns, sets `inside` and blocks: the parent kills the process
+    there — the latest possible moment of the write, when a store that commits as it goes has committed rows."""
+
+    def __init__(self, con, inside):
+        self._con, self._inside, self.check = con, inside, None  # check: SQL counting the crash batch's rows, and n
+
+    def execute(self, sql, *args, **kwargs):
+        out = self._con.execute(sql, *args, **kwargs)
+        if self.check is not None and sql.lstrip().upper().startswith("INSERT"):
+            query, n = self.check
+            if self._con.execute(query).fetchone()[0] >= n:
+                self._inside.set()
+                while True:  # killed here
+                    time.sleep(1)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
+def _crashing_writer(path, first_batch, n_batches, crash_in, inside):
+    """Commits state batches first_batch..first_batch+n_batches-1 and episode generations of run 'ok' alike, then
+    starts one more write (`crash_in`: 'states' or 'episodes') and is killed inside it."""
     s = Store(path)
-    v = np.ones((20000, 64), np.float32)
-    ready.set()
-    while True:  # killed mid-write
-        s.put_states("enc", [f"k{i}-{os.getpid()}-{np.random.default_rng().integers(1e9)}" for i in range(20000)], v)
+    s.con = _HangWhenAllRowsIn(s.con, inside)
+    for b in range(first_batch, first_batch + n_batches):
+        s.put_states("enc", _keys(b), _vectors(b))
+        s.put_episodes(_episode_rows("ok", b))
+    if crash_in == "states":
+        s.con.check = ("SELECT count(*) FROM states WHERE key LIKE 'crash-%'", B)
+        s.put_states("enc", [f"crash-{j}" for j in range(B)], _vectors(99))
+    else:
+        s.con.check = ("SELECT count(*) FROM episodes WHERE run_id = 'crash'", 7)
+        s.put_episodes(_episode_rows("crash", 99))
+    raise AssertionError("the crash write returned")
+
+
+def _crash(path, first_batch, n_batches, crash_in):
+    ctx = mp.get_context("spawn")
+    inside = ctx.Event()
+    p = ctx.Process(target=_crashing_writer, args=(str(path), first_batch, n_batches, crash_in, inside))
+    p.start()
+    try:
+        assert inside.wait(120), f"the writer never got inside its {crash_in} write (exit code {p.exitcode})"
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+    assert p.exitcode == -signal.SIGKILL  # it died of the kill, mid-write
+
+
+def _check_store(path, n_batches):
+    """Exactly the committed batches 0..n_batches-1, whole and with their exact values; nothing of a crashed write."""
+    with Store(path) as s:
+        assert s.state_count("enc") == s.state_count() == n_batches * B
+        stored = {r[0] for r in s.con.execute("SELECT key FROM states").fetchall()}
+        assert stored == {k for b in range(n_batches) for k in _keys(b)}  # no 'crash-*' key
+        assert s.con.execute("SELECT count(*) FROM states WHERE dim <> ?", [DIM]).fetchone()[0] == 0
+        segs = [r[0] for r in s.con.execute("SELECT DISTINCT segment FROM states").fetchall()]
+        assert len(segs) == n_batches and all((s.segments_dir / seg).exists() for seg in segs)
+        for b in range(n_batches):
+            got = s.get_states("enc", _keys(b))
+            np.testing.assert_array_equal(np.stack([got[k] for k in _keys(b)]), _vectors(b))
+        eps = s.con.execute("SELECT run_id, generation, candidate, task_id, reward FROM episodes ORDER BY ALL").fetchall()
+        assert eps == [("ok", r["generation"], r["candidate"], r["task_id"], r["reward"])
+                       for b in range(n_batches) for r in _episode_rows("ok", b)]
 
 
 def test_crash_mid_write_leaves_no_half_rows(tmp_path):
     path = tmp_path / "s.duckdb"
-    ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-    p = ctx.Process(target=_writer, args=(str(path), ready))
-    p.start()
-    assert ready.wait(60)
-    import time
-    time.sleep(1.5)
-    os.kill(p.pid, signal.SIGKILL)
-    p.join()
-    with Store(path) as s:
-        n = s.state_count("enc")
-        assert n % 20000 == 0  # whole batches only
-        assert s.con.execute("SELECT count(*) FROM states WHERE dim <> 64").fetchone()[0] == 0
-        segs = [r[0] for r in s.con.execute("SELECT DISTINCT segment FROM states").fetchall()]
-        assert all((s.segments_dir / seg).exists() for seg in segs)  # no row without its vectors
-        keys = [r[0] for r in s.con.execute("SELECT key FROM states LIMIT 5").fetchall()]
-        assert all(v.shape == (64,) for v in s.get_states("enc", keys).values())
+    # 3 batches committed, then killed with the 4th put_states' rows all inserted but not committed
+    _crash(path, 0, 3, "states")
+    _check_store(path, 3)
+    # the same store again: 2 more batches, then killed inside a put_episodes
+    _crash(path, 3, 2, "episodes")
+    _check_store(path, 5)
 
 
 def test_second_writer_gets_clear_error(tmp_path):
