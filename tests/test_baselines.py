@@ -115,14 +115,14 @@ def test_generation_logger_logs_every_member_and_role():
         def log(self, metrics, step=None):
             logged.append((metrics, step))
 
-    rec = GenerationRecord(generation=2, best_fitness=0.5, mean_fitness=0.25, sigma=0.03, calls_made=3, store_hits=9,
+    rec = GenerationRecord(generation=2, best_candidate_fitness=0.5, mean_fitness=0.25, sigma=0.03, calls_made=3, store_hits=9,
                            states_encoded=4, cost_usd=0.01, model_usage={"a": 5}, role_usage={"thinker": 0, "worker": 5,
                            "verifier": 0}, mean_accuracy=0.5, wall_s=1.0, method="sep_cma", episodes=8,
-                           calls_per_episode=0.375, model_entropy=0.0)
+                           calls_per_episode=0.375, model_entropy=0.0, saved_fitness=0.2, saved_accuracy=0.25)
     _generation_logger(Recorder(), ["a", "b"])(rec)
     m, step = logged[0]
     assert step == 2
-    for k in ("best_fitness", "mean_fitness", "sigma", "calls_made", "store_hits", "cost_usd", "calls_per_episode",
+    for k in ("saved_fitness", "saved_accuracy", "best_candidate_fitness", "mean_fitness", "sigma", "calls_made", "store_hits", "cost_usd", "calls_per_episode",
               "model_entropy", "episodes", "store_hit_rate", "calls_total", "model_usage/a", "model_usage/b",
               "role_usage/thinker", "role_usage/verifier"):
         assert k in m, k
