@@ -2,7 +2,6 @@
 and that a population shares calls through the store. The pool member here is a scripted ChatModel
 (the protocol is what is under test); test_pool_local.py runs the same loop on real models."""
 import asyncio
-import hashlib
 
 import numpy as np
 import pytest
@@ -12,32 +11,12 @@ from trinity.coordinator.episode import Episode, StateCache, model_pick_entropy,
 from trinity.coordinator.head import HeadShape, route_probs
 from trinity.coordinator.roles import ROLES, Role, coordinator_text, parse_thinker, parse_verdict, role_messages
 from trinity.pool.runtime import Pool
-from trinity.records import ChatResponse, Task
+from trinity.records import Task
 from trinity.store import Store
 
+from scripted_pool import HashEncoder, ScriptedModel
+
 TASK = Task(id="t/1", source="gsm8k", prompt=("What is 2+3?",), grader="math", answer="5")
-
-
-class ScriptedModel:
-    def __init__(self, name, replies):
-        self.name, self.model_id, self.replies, self.calls = name, f"scripted:{name}", replies, 0
-
-    async def chat(self, messages, sampling):
-        self.calls += 1
-        text = messages[-1].content
-        role = "verifier" if "ACCEPT or REJECT" in text else "thinker" if "<suggestion>" in text else "worker"
-        return ChatResponse(text=self.replies[role], model=self.model_id, prompt_tokens=10, completion_tokens=5)
-
-
-class HashEncoder:
-    encoder_id, dim = "hash-encoder", 8
-
-    def encode(self, texts):
-        out = []
-        for t in texts:
-            b = hashlib.sha256(t.encode()).digest()
-            out.append(np.frombuffer(b, dtype=np.uint8)[:8].astype(np.float32) / 255 - 0.5)
-        return np.stack(out)
 
 
 def grade(task, text):

@@ -88,6 +88,17 @@ def test_second_repro_runs_nothing(repo):
     assert "Running stage" not in out
 
 
+def test_forced_rerun_of_a_finished_stage_resumes_it(repo):
+    repo, env, _, first = repo
+    _sh(["dvc", "repro", "-f", "-s", "evolve"], repo, env)
+    metrics = json.loads((repo / "data/evolve/metrics.json").read_text())
+    assert metrics["resumed_from_generation"] == metrics["generations"] == 2 and metrics["calls_made"] == 0
+    after = json.loads((repo / "data/checkpoints/coordinator.json").read_text())
+    assert after["saved_fitness"] == first["saved_fitness"] and after["run_fingerprint"] == first["run_fingerprint"]
+    _sh(["dvc", "repro", "-f", "-s", "evaluate"], repo, env)
+    assert json.loads((repo / "data/eval/results.json").read_text())["pool_calls"] == 0
+
+
 def test_evolve_param_change_reruns_evolve_and_downstream_only(repo):
     repo, env, _, first = repo
     params = yaml.safe_load((repo / "params.yaml").read_text())
@@ -101,18 +112,6 @@ def test_evolve_param_change_reruns_evolve_and_downstream_only(repo):
     finally:
         params["evolve"]["generations"] = 2
         (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-
-
-def test_forced_rerun_of_a_finished_stage_resumes_it(repo):
-    repo, env, _, first = repo
-    _sh(["dvc", "repro"], repo, env)  # the pipeline as params.yaml says (an earlier test changed and restored it)
-    _sh(["dvc", "repro", "-f", "-s", "evolve"], repo, env)
-    metrics = json.loads((repo / "data/evolve/metrics.json").read_text())
-    assert metrics["resumed_from_generation"] == metrics["generations"] == 2 and metrics["calls_made"] == 0
-    after = json.loads((repo / "data/checkpoints/coordinator.json").read_text())
-    assert after["saved_fitness"] == first["saved_fitness"] and after["run_fingerprint"] == first["run_fingerprint"]
-    _sh(["dvc", "repro", "-f", "-s", "evaluate"], repo, env)
-    assert json.loads((repo / "data/eval/results.json").read_text())["pool_calls"] == 0
 
 
 def test_code_edit_reruns_evolve_as_a_new_run_from_stored_calls(repo):

@@ -6,9 +6,7 @@ The pool members here are scripted ChatModels or a fault-injecting HTTP server o
 behaviour under test is the protocol; the local-member tests run the bundled GGUFs for real."""
 import ast
 import asyncio
-import hashlib
 import multiprocessing as mp
-import re
 import shutil
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 import yaml
 
 from fake_openai_server import FakeOpenAIServer
+from scripted_pool import HashEncoder, ScriptedModel
 from trinity import code_version as cv
 from trinity.config import (CoordinatorSettings, EvolveSettings, PoolMember, PoolSettings, PROJECT_ROOT,
                             RewardSettings, Settings)
@@ -31,30 +30,6 @@ from trinity.store import Store
 TASK = Task(id="t/1", source="gsm8k", prompt=("What is 2+3?",), grader="math", answer="5")
 TASKS = [TASK, Task(id="t/2", source="gsm8k", prompt=("What is 1+4?",), grader="math", answer="5"),
          Task(id="t/3", source="gsm8k", prompt=("What is 9-4?",), grader="math", answer="5")]
-
-
-class ScriptedModel:
-    """A ChatModel whose reply depends on the role it is asked for (read off the role prompt)."""
-
-    def __init__(self, name, replies):
-        self.name, self.model_id, self.replies, self.calls = name, f"scripted:{name}", replies, 0
-
-    async def chat(self, messages, sampling):
-        self.calls += 1
-        text = messages[-1].content
-        role = "verifier" if "ACCEPT or REJECT" in text else "thinker" if "<suggestion>" in text else "worker"
-        reply = self.replies[role]
-        if isinstance(reply, ChatResponse):
-            return reply
-        return ChatResponse(text=reply, model=self.model_id, prompt_tokens=10, completion_tokens=5)
-
-
-class HashEncoder:
-    encoder_id, dim = "hash-encoder", 8
-
-    def encode(self, texts):
-        return np.stack([np.frombuffer(hashlib.sha256(t.encode()).digest(), dtype=np.uint8)[:8].astype(np.float32)
-                         / 255 - 0.5 for t in texts])
 
 
 def grade(task, text):

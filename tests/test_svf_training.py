@@ -52,7 +52,8 @@ def test_svf_candidates_train_with_their_own_states(tmp_path):
         assert res.params.shape == (6144,) and res.layout == layout
         ids = [r[0] for r in store.con.execute("SELECT DISTINCT encoder_id FROM states").fetchall()]
         svf_ids = [i for i in ids if i.startswith(base_id + "/svf")]
-        assert len(svf_ids) == 4  # one adapter per candidate (every δ differs)
+        # one adapter per candidate (every δ differs), and the CMA mean's, scored as the saved vector
+        assert len(svf_ids) == 4 + 1
         # the same transcript, two candidates' δ: different hidden states
         root = [coordinator_text(TASKS[0], ())]
         d1, d2 = np.random.default_rng(1).normal(0, 0.3, (2, 3264))  # (a uniform δ is renormalised away)
