@@ -14,7 +14,7 @@ def _scalars(out: dict) -> dict:
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-@flow(name="trinity-ablation", log_prints=True)
+@flow(name="trinity-ablation")
 def ablation_flow(params: str = "params.yaml") -> dict:
     """Train sep-CMA-ES, REINFORCE and random search on the same budget; write reports/ablation.md."""
     return run_stage("ablation", params, summarize=_scalars)

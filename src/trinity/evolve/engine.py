@@ -150,7 +150,7 @@ def run_expanding(fn: Callable[[], T], settings: Settings, pool, *, task_runner:
     runner = make_task_runner(settings.evolve, settings.pool.max_concurrency)
     expansion = expansion if expansion is not None else TaskRunnerExpansion()
     expand_flow = flow(_run_registered, name=name, task_runner=runner, persist_result=False,
-                       validate_parameters=False, log_prints=True)
+                       validate_parameters=False, log_prints=False)  # progress prints reach the terminal
     call_id = uuid.uuid4().hex
     previous = pool.expansion
     _CALLS[call_id] = fn

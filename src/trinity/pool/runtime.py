@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import AsyncIterator, NamedTuple, Protocol, Sequence
@@ -162,6 +164,7 @@ class Pool:
 
     async def _expand(self, todo: list[Request], positions: list[list[int]], out: list) -> None:
         loop = asyncio.get_running_loop()
+        progress = _BatchProgress(len(todo), self.stats)
         futs = []
         for r in todo:
             fut = loop.create_future()
@@ -170,6 +173,7 @@ class Pool:
         try:
             async for j, resp in self.expansion.expand(self, todo):
                 resp = self._record(todo[j], resp)
+                progress.done_one()
                 futs[j].set_result(resp)
                 for i in positions[j]:
                     out[i] = resp
@@ -202,6 +206,32 @@ class Pool:
         if self.store is not None:
             self.store.put_response(r.key, member.model_id, r.role, r.messages, self.sampling(r.idx, r.role), resp)
         return resp
+
+
+PROGRESS_EVERY_S = 20.0
+"""A batch of new calls that runs longer than this reports its progress at this interval (stderr)."""
+
+
+class _BatchProgress:
+    """A progress line for a long batch of new calls (a generation's never-seen nodes can take many minutes on
+    a CPU): calls done in the batch, calls paid, failures and store hits so far, and the batch's ETA. Printed
+    to stderr, so it reaches the terminal under `dvc repro` and Prefect alike."""
+
+    def __init__(self, n: int, stats: PoolStats):
+        self.n, self.stats, self.done = n, stats, 0
+        self.t0 = self.last = time.monotonic()
+
+    def done_one(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if now - self.last < PROGRESS_EVERY_S or self.done == self.n:
+            return
+        self.last = now
+        s = self.stats
+        eta = (now - self.t0) / self.done * (self.n - self.done)
+        print(f"[pool] {self.done}/{self.n} new calls of this batch, ETA {eta:.0f}s; so far {s.calls_made} calls "
+              f"paid ({s.failures} failed, {s.transient_failures} outages), {s.store_hits} store hits",
+              file=sys.stderr, flush=True)
 
 
 def build_members(pool: PoolSettings) -> list[ChatModel]:
