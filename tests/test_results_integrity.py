@@ -24,7 +24,7 @@ from trinity.coordinator.roles import Role
 from trinity.evolve import sep_cma
 from trinity.pool.openai_compat import OpenAICompatibleChatModel
 from trinity.pool.runtime import Pool
-from trinity.records import ChatMessage, ChatResponse, Task
+from trinity.records import ChatMessage, ChatResponse, SamplingParams, Task
 from trinity.store import Store
 
 TASK = Task(id="t/1", source="gsm8k", prompt=("What is 2+3?",), grader="math", answer="5")
@@ -228,8 +228,7 @@ def test_in_run_outage_is_retried_by_the_next_generation(tmp_path):
         with Store(tmp_path / "s.duckdb") as store:
             pool = _http_pool(srv, store)
             trees = RolloutTrees()
-            W = np.zeros((1 + 3, HashEncoder.dim))
-            W[1 + 1] = 0  # uniform roles; argmax picks the first: thinker
+            W = np.zeros((1 + 3, HashEncoder.dim))  # uniform logits: argmax picks model 0 as the first role, thinker
             states = StateCache(HashEncoder(), store)
 
             def play():
@@ -304,7 +303,6 @@ def test_user_gguf_is_keyed_by_content_not_name(tmp_path, monkeypatch):
 
 def test_prompt_too_long_for_the_context_is_a_deterministic_failure():
     from trinity.pool.local import LocalChatModel
-    from trinity.records import SamplingParams
 
     m = LocalChatModel(_local("smollm2-135m-instruct", n_ctx=64))
     r = m.generate([ChatMessage("user", "count: " + " ".join(str(i) for i in range(200)))], SamplingParams(max_tokens=4))
@@ -389,8 +387,8 @@ def test_a_failed_worker_reply_is_never_the_answer(tmp_path):
 
 
 # ------------------------------------------------------------------ 7. DVC knows what a stage reads
-_STAGE_FLOWS = {"prepare": "prepare", "encode": "encode", "evolve": "evolve", "evaluate": "evaluate",
-                "report": "report"}
+PIPELINE_STAGES = ("prepare", "encode", "evolve", "evaluate", "report")
+"""The stages of dvc.yaml; each runs flows/<stage>.py."""
 
 
 def _trinity_imports(tree: ast.AST) -> set[str]:
@@ -428,7 +426,7 @@ def _stage_reads(stage: str) -> set[Path]:
         todo_f += [n.id for n in ast.walk(funcs[f]) if isinstance(n, ast.Name) and n.id in funcs]
     mods |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
              and n.module.startswith("trinity")}
-    files = {stages_py, PROJECT_ROOT / f"flows/{_STAGE_FLOWS[stage]}.py", PROJECT_ROOT / "flows/_bootstrap.py"}
+    files = {stages_py, PROJECT_ROOT / f"flows/{stage}.py", PROJECT_ROOT / "flows/_bootstrap.py"}
     mods |= _trinity_imports(ast.parse((PROJECT_ROOT / "flows/_bootstrap.py").read_text())) - {"trinity.stages"}
     todo = list(mods)
     while todo:
@@ -450,7 +448,7 @@ def _stage_reads(stage: str) -> set[Path]:
 def test_dvc_deps_cover_every_file_a_stage_runs():
     dvc = yaml.safe_load((PROJECT_ROOT / "dvc.yaml").read_text())["stages"]
     missing = {}
-    for stage in _STAGE_FLOWS:
+    for stage in PIPELINE_STAGES:
         deps = [PROJECT_ROOT / d for d in dvc[stage]["deps"] if not d.startswith("${")]
         for f in _stage_reads(stage):
             if f.name == "__init__.py" and f.parent == PROJECT_ROOT / "src/trinity":
@@ -465,8 +463,7 @@ def test_dvc_deps_cover_every_file_a_stage_runs():
 
 def _hold_writer(db: str, ready, release) -> None:
     with Store(db) as store:
-        store.put_response("late", "m", "worker", ASK, __import__("trinity.records").records.SamplingParams(),
-                           ChatResponse(text="written while you read"))
+        store.put_response("late", "m", "worker", ASK, SamplingParams(), ChatResponse(text="written while you read"))
         ready.set()
         release.wait(60)
 
@@ -491,7 +488,6 @@ def _report_inputs(paths) -> None:
 
 def test_readers_work_while_a_writer_holds_the_store(tmp_path):
     from trinity import stages
-    from trinity.records import SamplingParams
 
     paths = stages.Paths(tmp_path)
     db = paths.store

@@ -26,7 +26,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
+import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -142,8 +146,6 @@ class Store:
         try:
             return cls(path)
         except RuntimeError:
-            import sys
-
             print(f"[store] {path} is open for writing by another process: reading it, new results of this "
                   "run are not saved", file=sys.stderr, flush=True)
             return cls(path, read_only=True)
@@ -162,11 +164,6 @@ class Store:
             if "lock" not in str(e).lower():
                 raise RuntimeError(f"cannot open store {self.path} read-only: {e}") from None
             held_by = str(e)
-        import shutil
-        import sys
-        import tempfile
-        import time as _time
-
         last: Exception | None = None
         for _ in range(20):
             snap = tempfile.mkdtemp(prefix="trinity-store-snapshot-")
@@ -184,7 +181,7 @@ class Store:
             except (duckdb.Error, OSError) as e:
                 last = e
                 shutil.rmtree(snap, ignore_errors=True)
-                _time.sleep(0.25)
+                time.sleep(0.25)
                 continue
             self._snapshot_dir = snap
             print(f"[store] {self.path} is being written by another process ({held_by.splitlines()[0][:160]}); "
@@ -416,8 +413,6 @@ class Store:
     def close(self) -> None:
         self.con.close()
         if self._snapshot_dir is not None:
-            import shutil
-
             shutil.rmtree(self._snapshot_dir, ignore_errors=True)
             self._snapshot_dir = None
 
