@@ -1,0 +1,309 @@
+"""The report renders from files only: a small, schema-complete set of pipeline outputs (no models) in, and
+summary.md, traces.md and PNG plots out, with the numbers, markers and reading that the files imply."""
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from trinity import report
+
+POOL = ["alpha", "beta"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+BENCHMARKS = [
+    {"name": "math500", "split": "in_distribution", "metric": "accuracy", "scale": 1.0, "n": 3},
+    {"name": "aime", "split": "heldout", "metric": "accuracy", "scale": 1.0, "n": 2},
+    {"name": "mmlu", "split": "in_distribution", "metric": "accuracy", "scale": 1.0, "n": 2},
+    {"name": "mt_bench", "split": "heldout", "metric": "judge score (1-10)", "scale": 10.0, "n": 2},
+]
+"""Deliberately interleaved: the report must put in-distribution columns first."""
+
+METHODS = [
+    {"method": "oracle:best-single", "kind": "oracle",
+     "picks": {"math500": "alone:alpha", "mmlu": "alone:beta", "aime": "alone:alpha", "mt_bench": "alone:alpha"}},
+    {"method": "trinity", "kind": "coordinator"},
+    {"method": "alone:alpha", "kind": "single", "model": "alpha"},
+    {"method": "alone:beta", "kind": "single", "model": "beta"},
+    {"method": "random-routing", "kind": "baseline"},
+]
+"""Deliberately out of order: the report must put trinity first and the oracle last."""
+
+SCORES = {  # (score, ci95) per method and benchmark; None = nothing scored
+    "trinity": {"math500": (2 / 3, [0.0, 1.0]), "mmlu": (0.5, [0.0, 1.0]), "aime": (0.0, [0.0, 0.0]),
+                "mt_bench": (6.5, [5.0, 8.0])},
+    "alone:alpha": {"math500": (1 / 3, [0.0, 1.0]), "mmlu": (0.0, [0.0, 0.0]), "aime": (1.0, [1.0, 1.0]),
+                    "mt_bench": (7.0, [6.0, 8.0])},
+    "alone:beta": {"math500": (0.0, [0.0, 0.0]), "mmlu": (0.5, [0.0, 1.0]), "aime": None,
+                   "mt_bench": (4.0, [3.0, 5.0])},
+    "random-routing": {"math500": (0.0, [0.0, 0.0]), "mmlu": (0.5, [0.0, 1.0]), "aime": (0.5, [0.0, 1.0]),
+                       "mt_bench": (5.0, [4.0, 6.0])},
+}
+SCORES["oracle:best-single"] = {"math500": SCORES["alone:alpha"]["math500"], "mmlu": SCORES["alone:beta"]["mmlu"],
+                                "aime": SCORES["alone:alpha"]["aime"], "mt_bench": SCORES["alone:alpha"]["mt_bench"]}
+
+TRINITY_TURNS = {  # per benchmark, per item: (model, role, verdict) of each coordinator turn
+    "math500": [[("alpha", "worker", None), ("beta", "verifier", "ACCEPT")],
+                [("beta", "thinker", None), ("alpha", "worker", None), ("alpha", "worker", None)],
+                [("alpha", "worker", None)]],
+    "mmlu": [[("beta", "worker", None)], [("beta", "worker", None), ("beta", "verifier", "REJECT")]],
+    "aime": [[("alpha", "thinker", None), ("beta", "worker", None)], [("beta", "worker", None)]],
+    "mt_bench": [[("alpha", "worker", None), ("alpha", "worker", None)],
+                 [("beta", "worker", None), ("beta", "worker", None)]],
+}
+TRINITY_ITEM_SCORES = {"math500": [1.0, 1.0, 0.0], "mmlu": [1.0, 0.0], "aime": [0.0, 0.0], "mt_bench": [8.0, 5.0]}
+
+
+def _score_entry(score_ci, n: int) -> dict:
+    score, ci95 = score_ci if score_ci else (None, None)
+    scored = n if score_ci else 0
+    return {"score": score, "ci95": ci95, "n": scored, "unscored": n - scored, "small_sample": scored < 30,
+            "tokens_per_task": 300.0, "wall_s_per_task": 4.0, "cost_usd_per_task": 0.0, "mean_turns": 1.5,
+            "calls_new": 2, "failed_calls": 0}
+
+
+def _results() -> dict:
+    n_items = {b["name"]: b["n"] for b in BENCHMARKS}
+    scores = {method: {bench: _score_entry(sc, n_items[bench]) for bench, sc in per_bench.items()}
+              for method, per_bench in SCORES.items()}
+    scores["trinity"]["math500"]["tokens_per_task"] = 900.0
+
+    def pair(b, label, diff, ci, outcome, n):
+        return {"a": "trinity", "b": b, "label": label, "diff": diff, "ci95": ci, "n": n, "small_sample": True,
+                "outcome": outcome}
+
+    return {
+        "n_items": sum(n_items.values()), "benchmarks": BENCHMARKS, "methods": METHODS, "scores": scores,
+        "averages": {"trinity": {"in_distribution": 0.583, "heldout": 0.325},
+                     "alone:alpha": {"in_distribution": 0.167, "heldout": 0.85},
+                     "alone:beta": {"in_distribution": 0.25, "heldout": 0.4},
+                     "random-routing": {"in_distribution": 0.25, "heldout": 0.5},
+                     "oracle:best-single": {"in_distribution": 0.417, "heldout": 0.85}},
+        "paired": {
+            "math500": [pair("alone:alpha", "best single member", 0.667, [0.333, 1.0], "wins", 3),
+                        pair("random-routing", "random routing", 0.667, [0.333, 1.0], "wins", 3)],
+            "mmlu": [pair("alone:beta", "best single member", 0.0, [-1.0, 1.0], "ties", 2),
+                     pair("random-routing", "random routing", 0.0, [-1.0, 1.0], "ties", 2)],
+            "aime": [pair("alone:alpha", "best single member", -1.0, [-1.0, -1.0], "loses", 2),
+                     pair("random-routing", "random routing", -0.5, [-1.0, 0.0], "ties", 2)],
+            # mt_bench: no paired entries (the report must say so, not crash)
+        },
+        "judge": {"name": "beta", "model_id": "gguf:beta@sha256:00", "in_pool": True, "verdicts": 16,
+                  "unparseable": 3, "failed": 1, "note": "a 1.5B judge is weak: read MT-Bench as indicative"},
+        "bootstrap": {"resamples": 2000, "seed": 0, "level": 0.95, "small_sample_below": 30},
+        "seeds": {"data": 0, "evolve": 0, "evaluate": 0, "random_routing": 0},
+        "checkpoint": {"run_fingerprint": "f" * 64, "code_version": "c" * 16, "method": "sep_cma",
+                       "generations": 2, "params_hash": "p" * 64},
+        "pool": [{"name": name, "model_id": f"gguf:{name}"} for name in POOL],
+        "never_trained_on": {"benchmarks": ["aime", "mt_bench"], "items": 4, "training_sources": ["math500", "mmlu"],
+                             "training_items": 6, "check": "no held-out source, task id or normalised prompt text "
+                                                           "in training"},
+        "pool_calls": 40, "store_hits": 12, "wall_s": 90.0,
+    }
+
+
+def _turn(model: str, role: str, verdict, conversation_turn: int, text: str) -> dict:
+    return {"conversation_turn": conversation_turn, "model": model, "role": role, "text": text, "ok": True,
+            "verdict": verdict, "prompt_tokens": 100, "completion_tokens": 20, "latency_s": 1.5}
+
+
+def _episodes() -> list[dict]:
+    rows = []
+    split = {b["name"]: b["split"] for b in BENCHMARKS}
+    for bench, items in TRINITY_TURNS.items():
+        for i, turns in enumerate(items):
+            mt = bench == "mt_bench"
+            rows.append({
+                "method": "trinity", "benchmark": bench, "split": split[bench], "task_id": f"{bench}/item{i}",
+                "score": TRINITY_ITEM_SCORES[bench][i], "answer": "42",
+                "turns": [_turn(m, r, v, (k + 1) if mt else 1, f"{bench} item {i} turn {k} says ```code``` here")
+                          for k, (m, r, v) in enumerate(turns)],
+                "verifier_first": False,
+                "judge": [{"turn": 1, "score": 7.0, "error": None, "prompt": "single-v1", "raw": "[[7]]"},
+                          {"turn": 2, "score": None, "error": "no [[rating]]", "prompt": "single-v1", "raw": "?"}]
+                if mt else [],
+                "tokens": 120 * len(turns), "latency_s": 1.5 * len(turns), "cost_usd": 0.0,
+                "path": [[str(POOL.index(m)), r] for m, r, _ in turns], "error": None})
+            rows.append({**rows[-1], "method": "alone:alpha", "turns": [_turn("alpha", "worker", None, 1, "x")]})
+    return rows
+
+
+def _history() -> list[dict]:
+    return [{"generation": g, "saved_fitness": 0.2 + 0.1 * g, "saved_accuracy": 0.1 * g, "mean_fitness": 0.1,
+             "best_candidate_fitness": 0.5, "sigma": 0.03, "calls_made": 10 - g, "store_hits": 5 + g,
+             "episodes": 42, "wall_s": 60.0, "model_usage": {"alpha": 3, "beta": 4},
+             "role_usage": {"worker": 5, "thinker": 1, "verifier": 1}} for g in range(2)]
+
+
+def _meta() -> dict:
+    return {"pool": [{"name": name, "model_id": f"gguf:{name}"} for name in POOL], "encoder": "enc@sha256:0",
+            "head_shape": [5, 64], "n_params": 320, "svf_params": 0, "svf_layer": None, "method": "sep_cma",
+            "seed": 0, "generations": 2, "run_fingerprint": "f" * 64, "code_version": "c" * 16,
+            "saved_fitness_episodes": 12, "train_tasks": [f"math500/t{i}" for i in range(6)]}
+
+
+def _write_inputs(root: Path, results=None, history=None) -> dict[str, Path]:
+    dirs = {"eval_dir": root / "data/eval", "evolve_dir": root / "data/evolve",
+            "checkpoint_meta": root / "data/checkpoints/coordinator.json", "reports_dir": root / "reports"}
+    for d in ("eval_dir", "evolve_dir"):
+        dirs[d].mkdir(parents=True)
+    dirs["checkpoint_meta"].parent.mkdir(parents=True)
+    (dirs["eval_dir"] / "results.json").write_text(json.dumps(results or _results()))
+    (dirs["eval_dir"] / "episodes.jsonl").write_text("\n".join(json.dumps(r) for r in _episodes()) + "\n")
+    (dirs["evolve_dir"] / "history.json").write_text(json.dumps(_history() if history is None else history))
+    dirs["checkpoint_meta"].write_text(json.dumps(_meta()))
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, Path]:
+    """The report of the synthetic inputs, rendered once for the tests that only read it."""
+    return report.write_report(**_write_inputs(tmp_path_factory.mktemp("report")))
+
+
+def _main_table(summary: str) -> list[str]:
+    lines = summary.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| method | math500"))
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    return lines[start:end]
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_main_table_puts_in_distribution_columns_then_held_out_each_with_its_average(rendered):
+    table = _main_table(rendered["summary"].read_text())
+    assert _cells(table[0]) == ["method", "math500 (n=3)", "mmlu (n=2)", "avg (in-dist.)", "aime (n=2)",
+                                "mt_bench (n=2, 1–10)", "avg (held-out)"]
+    assert _cells(table[2]) == ["", "**in-distribution**", "", "", "**held-out**", "", ""]
+    methods = [_cells(line)[0] for line in table[3:]]
+    assert methods == ["trinity", "alone:alpha", "alone:beta", "random-routing",
+                       "oracle:best-single (oracle, hindsight)"]
+
+
+def test_cells_show_score_interval_small_sample_marker_and_a_dash_for_no_score(rendered):
+    summary = rendered["summary"].read_text()
+    rows = {_cells(line)[0]: _cells(line) for line in _main_table(summary)[3:]}
+    assert rows["trinity"][1] == "0.667 [0.000, 1.000]†"
+    assert rows["trinity"][3] == "0.583"
+    assert rows["trinity"][5] == "6.50 [5.0, 8.0]†"
+    assert rows["alone:beta"][4] == "— (2 unscored)"
+    assert "† small sample (n < 30): the interval is wide and only indicative" in summary
+
+
+def test_compute_table_averages_per_task_figures_over_benchmarks(rendered):
+    summary = rendered["summary"].read_text()
+    header = next(line for line in summary.splitlines() if line.startswith("| method | tokens / task"))
+    trinity = next(line for line in summary.splitlines()[summary.splitlines().index(header):]
+                   if line.startswith("| trinity |"))
+    # tokens: (900 + 300 + 300 + 300) / 4 benchmarks; new calls: 2 per benchmark, summed
+    assert _cells(trinity) == ["trinity", "450", "4.0", "0.0000", "1.50", "8", "0"]
+    compute_rows = summary.split("## Compute per task")[1].split("## Paired")[0]
+    assert "oracle" not in compute_rows.split("|---|")[1].split("\n\n")[0]  # no calls of its own
+
+
+def test_paired_table_and_reading_say_where_the_coordinator_wins_and_loses(rendered):
+    summary = rendered["summary"].read_text()
+    assert ("| aime | trinity − alone:alpha (best single member) | -1.000 [-1.000, -1.000] | 2† | **loses** |"
+            in summary)
+    assert "| mt_bench | — | — | — | no paired data |" in summary
+    reading = next(line for line in summary.splitlines() if line.startswith("**Reading it.**"))
+    against_best = reading.split("Against the best single member")[1].split("Against the random routing")[0]
+    assert "wins on math500" in against_best and "**loses on aime (-1.000 vs `alone:alpha`)**" in against_best
+    assert "ties on mmlu" in against_best
+    against_random = reading.split("Against the random routing")[1].split("On the")[0]
+    assert "wins on math500" in against_random and "loses on none" in against_random
+    assert "held-out average the coordinator scores 0.325: below `alone:alpha` (0.850" in reading
+    assert "above `alone:beta` (0.250" in reading  # the in-distribution best member alone is another member
+
+
+def test_summary_renders_judge_never_trained_on_evolution_and_links(rendered):
+    summary = rendered["summary"].read_text()
+    assert "## MT-Bench judge" in summary and "a 1.5B judge is weak" in summary
+    assert "Verdicts: 16; unparseable (no [[rating]]): 3; failed calls: 1." in summary
+    assert "- held-out benchmarks: aime, mt_bench (4 items)" in summary
+    assert "| 1 | 0.300 | 0.100 | 0.100 | 0.500 | 0.0300 | 9 | 6 |" in summary
+    assert "Training played 84 episodes (2 generations)" in summary
+    assert "Checkpoint `ffffffffffff` (code `cccccccc`)" in summary and "head 5 x 64 = 320 parameters" in summary
+    for stem in ("scores", "usage", "fitness", "score_vs_compute"):
+        assert f"(plots/{stem}.png)" in summary
+    assert "[traces.md](traces.md)" in summary
+
+
+def test_plots_are_real_pngs(rendered):
+    for stem in ("scores", "usage", "fitness", "score_vs_compute"):
+        path = rendered[stem]
+        assert path.parent.name == "plots" and path.read_bytes().startswith(PNG_SIGNATURE)
+        height, width = imread(path).shape[:2]
+        assert height > 100 and width > 100
+
+
+def test_usage_counts_are_the_coordinators_turns_per_benchmark_model_and_role():
+    episodes = _episodes()
+    counts = report.usage_counts(episodes, POOL)
+    assert sorted(counts) == sorted(TRINITY_TURNS)
+    for bench, items in TRINITY_TURNS.items():
+        expected = Counter((m, r) for turns in items for m, r, _ in turns)
+        for (model, role), count in np.ndenumerate(counts[bench]):
+            assert count == expected[(POOL[model], report.ROLE_NAMES[role])]
+    math500 = counts["math500"]
+    assert math500[POOL.index("alpha"), report.ROLE_NAMES.index("worker")] == 4  # alone:alpha rows not counted
+    with pytest.raises(ValueError, match="gamma"):
+        report.usage_counts([{**episodes[0], "turns": [_turn("gamma", "worker", None, 1, "")]}], POOL)
+
+
+def test_usage_heatmap_annotates_the_counts():
+    counts = report.usage_counts(_episodes(), POOL)
+    figure = report.usage_figure(counts, POOL, report.ordered_benchmarks(_results()))
+    math500 = next(ax for ax in figure.axes if ax.get_title().startswith("math500"))
+    assert [int(t.get_text()) for t in math500.texts] == counts["math500"].ravel().tolist()
+
+
+def test_traces_show_turns_with_model_role_verdict_and_include_a_failing_item(rendered):
+    traces = rendered["traces"].read_text()
+    assert "**turn 2** · `beta` as verifier · verdict **ACCEPT** · 120 tokens · 1.5 s" in traces
+    assert "`math500/item2` · score 0.000 · **failing**" in traces  # the only failing math500 item, third in file
+    assert "`math500/item0`" in traces and "`math500/item1`" not in traces
+    assert "conversation turn 2" in traces and "Judge: conversation turn 1: 7; conversation turn 2: unscored" in traces
+    assert "````text\nmath500 item 0 turn 0 says ```code``` here\n````" in traces  # the fence outlasts the text's
+
+
+def test_long_turn_text_is_clipped():
+    row = _episodes()[0]
+    row["turns"][0]["text"] = "y" * 5000
+    text = report.traces_markdown(_results(), [row])
+    assert "y" * report.TRACE_TEXT_CHARS + " … [clipped: 5000 characters in all]" in text
+    assert "y" * (report.TRACE_TEXT_CHARS + 1) not in text
+
+
+def test_rerun_gives_identical_bytes(tmp_path):
+    inputs = _write_inputs(tmp_path)
+    first = {name: path.read_bytes() for name, path in report.write_report(**inputs).items()}
+    second = {name: path.read_bytes() for name, path in report.write_report(**inputs).items()}
+    assert first == second
+
+
+def test_optional_parts_missing_do_not_crash(tmp_path):
+    results = _results()
+    results.update(judge=None, paired={})
+    del results["never_trained_on"]
+    written = report.write_report(**_write_inputs(tmp_path, results=results, history=[]))
+    summary = written["summary"].read_text()
+    assert "## MT-Bench judge" not in summary and "No generations recorded" in summary
+    assert "There is no paired comparison to read." in summary
+    assert written["fitness"].read_bytes().startswith(PNG_SIGNATURE)
+
+
+@pytest.mark.parametrize("missing,stage", [("data/eval/results.json", "evaluate"),
+                                           ("data/eval/episodes.jsonl", "evaluate"),
+                                           ("data/evolve/history.json", "evolve"),
+                                           ("data/checkpoints/coordinator.json", "evolve")])
+def test_a_missing_input_names_the_file_and_the_stage_that_writes_it(tmp_path, missing, stage):
+    inputs = _write_inputs(tmp_path)
+    (tmp_path / missing).unlink()
+    with pytest.raises(FileNotFoundError, match=rf"{Path(missing).name}.*`{stage}` stage"):
+        report.write_report(**inputs)
+    assert not inputs["reports_dir"].exists()  # nothing half-written
