@@ -360,7 +360,7 @@ def test_saved_fitness_is_measured_on_the_same_episodes_every_generation(tmp_pat
 
 # ------------------------------------------------------------------ 6. one definition of the answer
 def test_a_failed_worker_reply_is_never_the_answer(tmp_path):
-    from trinity.evaluation import _alone, _episode_rows
+    from trinity.evaluation import evaluate
 
     failed_worker = {**WRONG, "worker": ChatResponse(text="\\boxed{7} (cut off", ok=False, error="http 503")}
     with Store(tmp_path / "s.duckdb") as store:
@@ -369,7 +369,7 @@ def test_a_failed_worker_reply_is_never_the_answer(tmp_path):
         heads = [rng.standard_normal((5, 8)) * 4 for _ in range(60)]
         eps = [Episode(task=TASK, candidate=c, rng=np.random.default_rng([c])) for c in range(60)]
         asyncio.run(play_episodes(eps, heads, pool, StateCache(HashEncoder(), store), 3, RewardSettings(), grade))
-        rows = _episode_rows(eps)
+        rows = [{"answer": e.answer} for e in eps]
         # episodes whose last Worker turn failed after a good one: the answer is the good one, and it is graded
         late_fail = [(e, r) for e, r in zip(eps, rows)
                      if [t.ok for t in e.turns if t.role is Role.WORKER][-2:] == [True, False]]
@@ -382,8 +382,12 @@ def test_a_failed_worker_reply_is_never_the_answer(tmp_path):
         assert only_failed
         for e, r in only_failed:
             assert e.answer is None and r["answer"] is None and e.correct == 0.0
-        alone = asyncio.run(_alone(pool, 1, [TASK], grade))
-        assert alone[0]["answer"] is None and alone[0]["correct"] == 0.0 and alone[0]["ok"] is False
+        run = evaluate(settings(), np.zeros(5 * 8), {"heldout": [TASK]}, pool, StateCache(HashEncoder(), store), grade,
+                       methods=["alone:" + pool.names[1]])
+        alone = run.items[0].row()
+        # an outage (http 503) is not a sample: the item is unscored, with the reason, not scored as wrong
+        assert alone["answer"] is None and alone["score"] is None and alone["turns"][0]["ok"] is False
+        assert alone["error"].startswith("outage: b as worker failed")
 
 
 # ------------------------------------------------------------------ 7. DVC knows what a stage reads

@@ -74,8 +74,8 @@ def test_svf_candidates_train_with_their_own_states(tmp_path):
 
         # the trained vector evaluates with its δ (argmax policy)
         from trinity.evaluation import evaluate
-        out = evaluate(s, res.params, TASKS, pool, states, grade, methods=["trinity"])
-        assert out[0].method == "trinity" and out[0].n == 1
+        out = evaluate(s, res.params, {"in_distribution": TASKS}, pool, states, grade, methods=["trinity"])
+        assert [(i.method, i.task.id) for i in out.items] == [("trinity", TASKS[0].id)]
         assert encoder.encoder_id.startswith(base_id + "/svf")  # evaluation encoded with the trained δ
 
     with pytest.raises(NotImplementedError, match="head only"):

@@ -31,7 +31,10 @@ class DataSettings(_Section):
     train: dict[str, int] = Field(default_factory=lambda: {"math500": 4, "mmlu": 4})
     """Training sources → number of items drawn (seeded) from each."""
     heldout: dict[str, int] = Field(default_factory=lambda: {"gsm8k": 10})
-    """Held-out evaluation sources → number of items."""
+    """Held-out evaluation sources → number of items (-1 = all): benchmarks never trained on."""
+    in_distribution: dict[str, int] = Field(default_factory=dict)
+    """In-distribution evaluation sources → number of items (-1 = all): items of the training benchmarks that
+    are not in the training set (drawn from what training left)."""
     seed: int = 0
     math500_max_level: int = 5
     """Only MATH-500 problems of at most this difficulty level (1-5) are drawn."""
@@ -175,6 +178,13 @@ class EvolveSettings(_Section):
 class EvaluateSettings(_Section):
     seed: int = 0
     random_routing_seed: int = 0
+    judge: str | PoolMember | None = None
+    """The MT-Bench judge: a pool member's name, or a member of its own (e.g. an OpenAI-compatible endpoint,
+    written like a pool member). Required when an evaluation set includes mt_bench. It judges at temperature 0
+    (FastChat's setting) and its calls go through the response store like every other call."""
+    judge_max_tokens: int = Field(512, ge=16)
+    """Cap on a judge reply (FastChat's judge writes an explanation, then "[[rating]]")."""
+    bootstrap_resamples: int = Field(2000, ge=100)
 
 
 class TrackingSettings(_Section):
@@ -194,6 +204,19 @@ class Settings(_Section):
 
     source_path: str = ""
     """Where these settings were read from (filled by load_settings)."""
+
+    @model_validator(mode="after")
+    def _check_judge(self):
+        judge = self.evaluate.judge
+        names = [m.name for m in self.pool.members]
+        if isinstance(judge, str) and judge not in names:
+            raise ValueError(f"evaluate.judge: {judge!r} is not a pool member (members: {names}); name one of them "
+                             "or give the judge's own settings (backend, model, base_url, ...)")
+        evaluated = {k.partition(":")[0] for k in (*self.data.heldout, *self.data.in_distribution)}
+        if "mt_bench" in evaluated and judge is None:
+            raise ValueError("evaluate.judge: MT-Bench is evaluated (data.heldout or data.in_distribution names "
+                             "mt_bench) but no judge is set: name a pool member or configure an endpoint")
+        return self
 
     def section_hash(self, *sections: str) -> str:
         return stable_hash({s: getattr(self, s).model_dump() for s in sections})

@@ -1,57 +1,103 @@
-"""Held-out evaluation: the trained coordinator vs each pool model alone vs uniform random routing.
+"""Evaluation: the trained coordinator vs each pool member alone vs uniform random routing, on the same items,
+benchmark by benchmark; the best single member per benchmark in hindsight is derived (an oracle row).
 
-All methods see the same items. "Alone" = that model as Worker for one turn (the same prompt the
-coordinator's first Worker turn sends, so those answers are shared through the response store).
-"Random routing" = the same episode loop with a zero head (uniform model and role picks), seeded.
+- `trinity`: the evolved head (argmax policy unless coordinator.policy_eval = sample), the training episode loop.
+- `alone:<member>`: that member as Worker for one turn (the same prompt the coordinator's first Worker turn
+  sends, so those answers are shared through the response store).
+- `random-routing`: the same episode loop with a zero head (uniform model and role picks), seeded per item.
+- `oracle:best-single`: per benchmark, the `alone:` row with the best score on it (no calls; hindsight).
+
+A multi-turn task (MT-Bench) is played turn by turn: conversation turn k is asked with the method's own
+earlier answers in its history (`Task.follow_up`); the judge then scores each turn (FastChat single-answer
+grading); the item's score is the mean of its parseable turn scores. Items whose call failed with an outage,
+or whose every judgement failed, are unscored (recorded with the reason, counted, never guessed); a
+deterministic failure (e.g. a prompt too long for the member) is that member's answer and scores as wrong.
 """
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import sys
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
 from trinity.config import Settings
-from trinity.coordinator.episode import Episode, StateCache, episode_rng, play_episodes
+from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, play_episodes
 from trinity.coordinator.head import HeadShape, ParamLayout
-from trinity.coordinator.roles import Role, latest_answer, make_turn, role_messages
+from trinity.coordinator.roles import Role, Turn, latest_answer, role_messages, turn_of
 from trinity.records import Task
+from trinity.stats import bootstrap_mean, compare, paired_bootstrap
+
+COORDINATOR = "trinity"
+RANDOM_ROUTING = "random-routing"
+ORACLE = "oracle:best-single"
+IN_DISTRIBUTION, HELDOUT = "in_distribution", "heldout"
+
+
+def metric_of(task: Task) -> tuple[str, float]:
+    """(metric name, scale of a perfect score) of a task's benchmark."""
+    return ("judge score (1-10)", 10.0) if task.grader == "judge" else ("accuracy", 1.0)
 
 
 @dataclass
-class MethodResult:
+class Transcript:
+    """What one method did on one conversation turn of one item."""
+
+    answer: str | None
+    turns: tuple[Turn, ...]
+    picks: list[list[str]]
+    verifier_first: bool = False
+    cost_usd: float = 0.0
+
+
+@dataclass
+class ItemResult:
+    """One method on one item: its score (None = unscored, see `error`) and everything it did."""
+
     method: str
-    accuracy: float
-    n: int
-    mean_turns: float
-    calls: int
-    cost_usd: float
-    per_task: list[dict]
+    task: Task
+    split: str
+    score: float | None
+    answer: str | None
+    turns: list[tuple[int, Turn]]
+    """(conversation turn, pool turn) in order."""
+    path: list[list[str]]
+    verifier_first: bool = False
+    judge: list[dict] = field(default_factory=list)
+    error: str | None = None
+    cost_usd: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(t.prompt_tokens + t.completion_tokens for _, t in self.turns)
+
+    @property
+    def latency_s(self) -> float:
+        return sum(t.latency_s for _, t in self.turns)
+
+    def row(self) -> dict:
+        """The item's line in data/eval/episodes.jsonl (docs/eval_results_schema.md)."""
+        return {
+            "method": self.method, "benchmark": self.task.source, "split": self.split, "task_id": self.task.id,
+            "score": self.score, "answer": self.answer, "verifier_first": self.verifier_first,
+            "turns": [{"conversation_turn": k, "model": t.model, "role": t.role.value, "text": t.text, "ok": t.ok,
+                       "verdict": t.verdict, "prompt_tokens": t.prompt_tokens,
+                       "completion_tokens": t.completion_tokens, "latency_s": round(t.latency_s, 3)}
+                      for k, t in self.turns],
+            "judge": self.judge, "tokens": self.tokens, "latency_s": round(self.latency_s, 3),
+            "cost_usd": self.cost_usd, "path": self.path, "error": self.error,
+        }
 
 
-def _summarise(method: str, rows: list[dict], calls: int, cost: float) -> MethodResult:
-    n = len(rows)
-    return MethodResult(method=method, accuracy=float(np.mean([r["correct"] for r in rows])) if n else 0.0, n=n,
-                        mean_turns=float(np.mean([r["turns"] for r in rows])) if n else 0.0, calls=calls,
-                        cost_usd=cost, per_task=rows)
-
-
-async def _alone(pool, idx: int, tasks: Sequence[Task], grade) -> list[dict]:
-    replies = await asyncio.gather(*(pool.complete(idx, role_messages(Role.WORKER, t, ()), Role.WORKER.value)
-                                     for t in tasks))
-    rows = []
-    for t, r in zip(tasks, replies):
-        answer = latest_answer((make_turn(pool.names[idx], Role.WORKER, r.text, r.ok),))
-        rows.append({"task_id": t.id, "correct": float(grade(t, answer)) if answer is not None else 0.0, "turns": 1,
-                     "path": [[str(idx), "worker"]], "answer": answer, "ok": r.ok, "error": r.error})
-    return rows
-
-
-def _episode_rows(eps: Sequence[Episode]) -> list[dict]:
-    return [{"task_id": e.task.id, "correct": e.correct, "turns": len(e.turns), "reward": e.reward,
-             "path": e.path, "verifier_first": e.verifier_first,
-             "answer": e.answer} for e in eps]
+@dataclass
+class EvalRun:
+    items: list[ItemResult]
+    calls: dict[tuple[str, str], dict]
+    """(method, benchmark) → new calls, failed calls, store hits while that method ran on that benchmark."""
+    judge_stats: dict
+    wall_s: float
 
 
 def policy_from_params(settings: Settings, params: np.ndarray, n_models: int, states: StateCache):
@@ -60,37 +106,199 @@ def policy_from_params(settings: Settings, params: np.ndarray, n_models: int, st
     return ParamLayout(HeadShape(n_models=n_models, dim=states.dim), n_svf).split(params)
 
 
-def evaluate(settings: Settings, params: np.ndarray, tasks: Sequence[Task], pool, states: StateCache,
-             grade: Callable[[Task, str], float], methods: Sequence[str] | None = None) -> list[MethodResult]:
-    """methods: a subset of ["trinity", "alone:<name>"..., "random-routing"] (default: all)."""
+def _no_grade(task: Task, answer: str) -> float:
+    """Episodes are graded after the loop here (once per item, and MT-Bench by its judge)."""
+    return 0.0
+
+
+class _Progress:
+    """One stderr line per (benchmark, method) run: items, new calls, store hits, time, and the ETA of the rest."""
+
+    def __init__(self, total_runs: int, stats):
+        self.total, self.done, self.stats, self.t0 = total_runs, 0, stats, time.monotonic()
+
+    def report(self, bench: str, method: str, n_items: int, calls: int, hits: int, wall_s: float) -> None:
+        self.done += 1
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / self.done * (self.total - self.done)
+        print(f"[eval] {bench}: {method} on {n_items} items, {calls} new calls, {hits} store hits, {wall_s:.0f}s "
+              f"({self.done}/{self.total} runs, {self.stats.calls_made} calls paid so far, ETA {eta:.0f}s)",
+              file=sys.stderr, flush=True)
+
+
+def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[Task]], pool, states: StateCache,
+             grade: Callable[[Task, str], float], judge=None, methods: Sequence[str] | None = None) -> EvalRun:
+    """Every method on every item of `tasks` ({split: tasks}). `judge`: a `grading.judge.MTBenchJudge`, needed
+    when a task is graded by a judge. methods: a subset of ["trinity", "alone:<name>"..., "random-routing"]."""
     delta, W = policy_from_params(settings, params, len(pool), states)
     adapters = None if delta is None else [delta]
-    ev = settings.evaluate
-    results = []
+    ev, co = settings.evaluate, settings.coordinator
+    all_methods = [COORDINATOR, *(f"alone:{n}" for n in pool.names), RANDOM_ROUTING]
+    chosen = [m for m in all_methods if methods is None or m in methods]
+    trees = RolloutTrees()
+    if any(t.grader == "judge" for ts in tasks.values() for t in ts) and judge is None:
+        raise ValueError("MT-Bench tasks need a judge (evaluate.judge)")
 
-    def run(method, coro_factory):
-        if methods is not None and method not in methods:
-            return
-        c0, cost0 = pool.stats.calls_made, pool.stats.cost_usd
-        rows = coro_factory()
-        results.append(_summarise(method, rows, pool.stats.calls_made - c0, pool.stats.cost_usd - cost0))
+    async def episodes(ts: Sequence[Task], head: np.ndarray, rng_of) -> list[Transcript]:
+        eps = [Episode(task=t, candidate=0, rng=rng_of(t)) for t in ts]
+        await play_episodes(eps, [head], pool, states, co.max_turns, settings.reward, _no_grade, adapters=adapters,
+                            trees=trees)
+        return [Transcript(e.answer, e.turns, e.path, e.verifier_first, e.cost_usd) for e in eps]
 
-    def trinity():
-        sample = settings.coordinator.policy_eval == "sample"
-        eps = [Episode(task=t, candidate=0, rng=episode_rng(ev.seed, "eval", t.id) if sample else None) for t in tasks]
-        asyncio.run(play_episodes(eps, [W], pool, states, settings.coordinator.max_turns, settings.reward, grade,
-                                  adapters=adapters))
-        return _episode_rows(eps)
+    async def alone(idx: int, ts: Sequence[Task]) -> list[Transcript]:
+        replies = await asyncio.gather(*(pool.complete(idx, role_messages(Role.WORKER, t, ()), Role.WORKER.value)
+                                         for t in ts))
+        out = []
+        for r in replies:
+            turn = turn_of(pool.names[idx], Role.WORKER, r)
+            out.append(Transcript(latest_answer((turn,)), (turn,), [[str(idx), Role.WORKER.value]], cost_usd=r.cost_usd))
+        return out
 
-    run("trinity", trinity)
-    for i, name in enumerate(pool.names):
-        run(f"alone:{name}", lambda i=i: asyncio.run(_alone(pool, i, tasks, grade)))
+    def player(method: str):
+        if method == COORDINATOR:
+            sample = co.policy_eval == "sample"
+            return lambda ts: episodes(ts, W, lambda t: episode_rng(ev.seed, "eval", t.id) if sample else None)
+        if method == RANDOM_ROUTING:
+            return lambda ts: episodes(ts, np.zeros_like(W), lambda t: episode_rng(ev.random_routing_seed, "random", t.id))
+        idx = pool.names.index(method.removeprefix("alone:"))
+        return lambda ts: alone(idx, ts)
 
-    def random_routing():
-        eps = [Episode(task=t, candidate=0, rng=episode_rng(ev.random_routing_seed, "random", t.id)) for t in tasks]
-        asyncio.run(play_episodes(eps, [np.zeros_like(W)], pool, states, settings.coordinator.max_turns,
-                                  settings.reward, grade, adapters=adapters))
-        return _episode_rows(eps)
+    items: list[ItemResult] = []
+    calls: dict[tuple[str, str], dict] = {}
+    groups = [(split, bench, [t for t in ts if t.source == bench])
+              for split, ts in tasks.items() for bench in dict.fromkeys(t.source for t in ts)]
+    progress = _Progress(len(groups) * len(chosen), pool.stats)
+    t_all = time.monotonic()
+    for split, bench, ts in groups:
+        for method in chosen:
+            s0 = (pool.stats.calls_made, pool.stats.failures, pool.stats.store_hits)
+            t0 = time.monotonic()
+            done = asyncio.run(_run_method(method, player(method), ts, split, grade, judge))
+            items += done
+            new = pool.stats.calls_made - s0[0]
+            calls[(method, bench)] = {"calls_new": new, "failed_calls": pool.stats.failures - s0[1],
+                                      "store_hits": pool.stats.store_hits - s0[2]}
+            progress.report(bench, method, len(ts), new, pool.stats.store_hits - s0[2], time.monotonic() - t0)
+    judge_stats = judge.stats() if judge is not None else {}
+    return EvalRun(items, calls, judge_stats, time.monotonic() - t_all)
 
-    run("random-routing", random_routing)
-    return results
+
+async def _run_method(method: str, play, tasks: Sequence[Task], split: str, grade, judge) -> list[ItemResult]:
+    """One method on one benchmark's items: every conversation turn in order, then the grade or the judge."""
+    n_conv = max(len(t.prompt) if t.grader == "judge" else 1 for t in tasks)
+    answers: dict[str, tuple[str, ...]] = {t.id: () for t in tasks}
+    record: dict[str, list[tuple[int, Transcript]]] = {t.id: [] for t in tasks}
+    for k in range(1, n_conv + 1):
+        asked = [t for t in tasks if k <= (len(t.prompt) if t.grader == "judge" else 1)]
+        transcripts = await play([t.follow_up(k, answers[t.id]) if t.grader == "judge" else t for t in asked])
+        for t, tr in zip(asked, transcripts):
+            record[t.id].append((k, tr))
+            answers[t.id] += (tr.answer or "",)
+    out = []
+    for t in tasks:
+        rec = record[t.id]
+        turns = [(k, turn) for k, tr in rec for turn in tr.turns]
+        last = rec[-1][1]
+        item = ItemResult(method=method, task=t, split=split, score=None, answer=last.answer, turns=turns,
+                          path=[p for _, tr in rec for p in tr.picks], verifier_first=any(tr.verifier_first for _, tr in rec),
+                          cost_usd=sum(tr.cost_usd for _, tr in rec))
+        outage = next((turn for _, turn in turns if turn.failure == "transient"), None)
+        if outage is not None:
+            item.error = f"outage: {outage.model} as {outage.role.value} failed ({outage.text[:200] or 'no reply'})"
+        elif t.grader != "judge":
+            item.score = float(grade(t, item.answer)) if item.answer is not None and not item.verifier_first else 0.0
+        out.append(item)
+    judged = [i for i in out if i.task.grader == "judge" and i.error is None]
+    if judged:
+        await _judge_items(judged, answers, judge)
+    return out
+
+
+async def _judge_items(items: list[ItemResult], answers: dict[str, tuple[str, ...]], judge) -> None:
+    """FastChat single-answer grading of every conversation turn; the item's score is the mean of the turns the
+    judge rated (FastChat's average over valid judgements); none rated → unscored, with the reasons."""
+    jobs = [(item, k) for item in items for k in range(1, len(answers[item.task.id]) + 1)]
+    verdicts = await asyncio.gather(*(judge.judge_turn(item.task, answers[item.task.id], k) for item, k in jobs))
+    for (item, k), v in zip(jobs, verdicts):
+        item.judge.append({"turn": k, "score": v.score, "error": v.error, "prompt": v.prompt_name, "raw": v.raw})
+    for item in items:
+        scores = [j["score"] for j in item.judge if j["score"] is not None]
+        if scores:
+            item.score = float(np.mean(scores))
+        else:
+            item.error = "judge gave no rating: " + "; ".join(f"turn {j['turn']}: {j['error']}" for j in item.judge)
+
+
+# ------------------------------------------------------------------------------------------ the table
+def summarise(run: EvalRun, pool_names: Sequence[str], *, resamples: int, seed: int) -> dict:
+    """The results table (docs/eval_results_schema.md): per method and benchmark the score with its 95% bootstrap
+    interval and the compute per task; averages; the oracle row; paired bootstraps of the coordinator against
+    the best single member and against random routing on the same items."""
+    by: dict[tuple[str, str], list[ItemResult]] = {}
+    benches: dict[str, dict] = {}
+    for it in run.items:
+        by.setdefault((it.method, it.task.source), []).append(it)
+        if it.task.source not in benches:
+            metric, scale = metric_of(it.task)
+            benches[it.task.source] = {"name": it.task.source, "split": it.split, "metric": metric, "scale": scale}
+    methods = list(dict.fromkeys(it.method for it in run.items))
+    for b in benches.values():
+        b["n"] = len({it.task.id for it in run.items if it.task.source == b["name"]})
+
+    def cell(rows: list[ItemResult], method: str, bench: str) -> dict:
+        scored = [r.score for r in rows if r.score is not None]
+        iv = bootstrap_mean(scored, n_resamples=resamples, seed=seed)
+        c = run.calls.get((method, bench), {})
+        n = len(rows)
+        return {"score": iv.estimate if scored else None, "ci95": [iv.low, iv.high] if scored else None,
+                "n": len(scored), "unscored": n - len(scored), "small_sample": iv.small_sample,
+                "tokens_per_task": float(np.mean([r.tokens for r in rows])) if n else 0.0,
+                "wall_s_per_task": float(np.mean([r.latency_s for r in rows])) if n else 0.0,
+                "cost_usd_per_task": float(np.mean([r.cost_usd for r in rows])) if n else 0.0,
+                "mean_turns": float(np.mean([len(r.turns) for r in rows])) if n else 0.0,
+                "calls_new": c.get("calls_new", 0), "failed_calls": c.get("failed_calls", 0)}
+
+    scores = {m: {b: cell(by.get((m, b), []), m, b) for b in benches} for m in methods}
+    singles = [m for m in methods if m.startswith("alone:")]
+    method_rows = [{"method": m, "kind": "coordinator" if m == COORDINATOR else "baseline" if m == RANDOM_ROUTING
+                    else "single", **({"model": m.removeprefix("alone:")} if m.startswith("alone:") else {})}
+                   for m in methods]
+    paired: dict[str, list[dict]] = {}
+    if singles:
+        picks = {b: max(singles, key=lambda m: _rank(scores[m][b]["score"])) for b in benches}
+        scores[ORACLE] = {b: dict(scores[picks[b]][b], calls_new=0, failed_calls=0) for b in benches}
+        method_rows.append({"method": ORACLE, "kind": "oracle", "picks": picks})
+        if COORDINATOR in methods:
+            for b in benches:
+                paired[b] = [_paired(by, b, picks[b], "best single member", resamples, seed)]
+                if RANDOM_ROUTING in methods:
+                    paired[b].append(_paired(by, b, RANDOM_ROUTING, "random routing", resamples, seed))
+    averages = {}
+    for m, per in scores.items():
+        averages[m] = {}
+        for split in (IN_DISTRIBUTION, HELDOUT):
+            vals = [per[b]["score"] / benches[b]["scale"] for b in benches
+                    if benches[b]["split"] == split and per[b]["score"] is not None]
+            n_split = sum(1 for b in benches.values() if b["split"] == split)
+            # an average over fewer benchmarks than the split has would not be comparable across rows
+            averages[m][split] = float(np.mean(vals)) if n_split and len(vals) == n_split else None
+    order = {IN_DISTRIBUTION: 0, HELDOUT: 1}
+    bench_list = sorted(benches.values(), key=lambda b: order.get(b["split"], 2))
+    return {"n_items": len({it.task.id for it in run.items}), "benchmarks": bench_list, "methods": method_rows,
+            "scores": scores, "averages": averages, "paired": paired,
+            "bootstrap": {"resamples": resamples, "seed": seed, "level": 0.95, "small_sample_below": 30}}
+
+
+def _rank(score: float | None) -> float:
+    return -np.inf if score is None else score
+
+
+def _paired(by, bench: str, other: str, label: str, resamples: int, seed: int) -> dict:
+    """trinity − `other` on the items both scored."""
+    mine = {r.task.id: r.score for r in by.get((COORDINATOR, bench), []) if r.score is not None}
+    theirs = {r.task.id: r.score for r in by.get((other, bench), []) if r.score is not None}
+    ids = sorted(mine.keys() & theirs.keys())
+    iv = paired_bootstrap([mine[i] for i in ids], [theirs[i] for i in ids], n_resamples=resamples, seed=seed)
+    return {"a": COORDINATOR, "b": other, "label": label, "diff": iv.estimate if ids else None,
+            "ci95": [iv.low, iv.high] if ids else None, "n": len(ids), "small_sample": iv.small_sample,
+            "outcome": compare(iv)}

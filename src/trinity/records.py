@@ -19,6 +19,8 @@ class Task:
     `prompt` holds the user turns (one for most benchmarks, two for MT-Bench).
     `answer` is the reference answer for math/choice graders (a letter for multiple choice);
     `tests` holds test code or a JSON list of test cases for code graders.
+    `history` is the conversation before `query`, as (user, assistant) pairs: empty for a one-turn task; MT-Bench's
+    second turn is asked as a task whose history holds the first question and the answer given to it.
     """
 
     id: str  # globally unique, "<source>/<native id>"
@@ -28,15 +30,32 @@ class Task:
     answer: str | None = None
     tests: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    history: tuple[tuple[str, str], ...] = ()
 
     @property
     def query(self) -> str:
         """The first user turn: what the coordinator and the pool are asked."""
         return self.prompt[0]
 
+    def follow_up(self, turn: int, answers: tuple[str, ...]) -> "Task":
+        """The task of conversation turn `turn` (1-based) of a multi-turn task: its question `prompt[turn-1]`,
+        asked after the earlier questions and `answers` (the answers given to them, in order)."""
+        if not 1 <= turn <= len(self.prompt) or len(answers) != turn - 1:
+            raise ValueError(f"task {self.id}: turn {turn} needs {turn - 1} earlier answers, got {len(answers)}")
+        if turn == 1:
+            return Task(id=self.id, source=self.source, prompt=(self.prompt[0],), grader=self.grader,
+                        answer=self.answer, tests=self.tests, metadata=self.metadata)
+        return Task(id=f"{self.id}#turn{turn}", source=self.source, prompt=(self.prompt[turn - 1],),
+                    grader=self.grader, answer=self.answer, tests=self.tests, metadata=self.metadata,
+                    history=tuple(zip(self.prompt[:turn - 1], answers)))
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["prompt"] = list(self.prompt)
+        if self.history:
+            d["history"] = [list(h) for h in self.history]
+        else:
+            del d["history"]  # one-turn tasks keep the record shape they always had
         return d
 
     @staticmethod
@@ -49,6 +68,7 @@ class Task:
             answer=d.get("answer"),
             tests=d.get("tests"),
             metadata=dict(d.get("metadata") or {}),
+            history=tuple((str(u), str(a)) for u, a in d.get("history") or ()),
         )
 
 

@@ -78,29 +78,35 @@ def _grade():
 
 
 # ------------------------------------------------------------------------------------------ prepare
+SPLIT_FILES = {"train": "train.jsonl", "in_distribution": "in_distribution.jsonl", "heldout": "heldout.jsonl"}
+
+
 def prepare(settings: Settings, paths: Paths = Paths()) -> dict:
-    from trinity.data.splits import assert_no_contamination, build_splits, save_tasks
+    from trinity.data.splits import build_all_splits, save_tasks
 
     d = settings.data
-    train, heldout = build_splits(d.resolved_root(), train=d.train, heldout=d.heldout, seed=d.seed,
-                                  math500_max_level=d.math500_max_level)
-    assert_no_contamination(train, heldout)
+    splits = build_all_splits(d.resolved_root(), train=d.train, in_distribution=d.in_distribution,
+                              heldout=d.heldout, seed=d.seed, math500_max_level=d.math500_max_level)
     paths.prepared.mkdir(parents=True, exist_ok=True)
-    save_tasks(paths.prepared / "train.jsonl", train)
-    save_tasks(paths.prepared / "heldout.jsonl", heldout)
-    summary = {"train": len(train), "heldout": len(heldout),
-               "train_sources": sorted({t.source for t in train}), "heldout_sources": sorted({t.source for t in heldout})}
+    for split, name in SPLIT_FILES.items():
+        save_tasks(paths.prepared / name, getattr(splits, split))
+    summary = {split: len(getattr(splits, split)) for split in SPLIT_FILES}
+    summary |= {f"{split}_sources": sorted({t.source for t in getattr(splits, split)}) for split in SPLIT_FILES}
     _write_json(paths.prepared / "summary.json", summary)
     return summary
 
 
 def _load_tasks(paths: Paths):
-    from trinity.data.splits import load_tasks
+    """The prepared splits (train, in_distribution, heldout), re-checked by the contamination guard: an edited
+    file that puts an evaluation item in training fails here, loudly, before any model is called."""
+    from trinity.data.splits import Splits, assert_no_contamination, load_tasks
 
-    for name in ("train.jsonl", "heldout.jsonl"):
+    for name in SPLIT_FILES.values():
         if not (paths.prepared / name).exists():
             raise FileNotFoundError(f"{paths.prepared / name} is missing: run the prepare stage first")
-    return load_tasks(paths.prepared / "train.jsonl"), load_tasks(paths.prepared / "heldout.jsonl")
+    splits = Splits(**{split: load_tasks(paths.prepared / name) for split, name in SPLIT_FILES.items()})
+    assert_no_contamination(splits.train, [*splits.in_distribution, *splits.heldout])
+    return splits
 
 
 # ------------------------------------------------------------------------------------------ encode
@@ -110,18 +116,18 @@ def encode(settings: Settings, paths: Paths = Paths()) -> dict:
     from trinity.coordinator.roles import coordinator_text
     from trinity.store import Store, text_key
 
-    train, heldout = _load_tasks(paths)
+    tasks = [t for split in _load_tasks(paths) for t in split]
     encoder = make_encoder(settings)
     t0 = time.perf_counter()
     with Store(paths.store) as store:
         cache = StateCache(encoder, store)
-        texts = [coordinator_text(t, ()) for t in [*train, *heldout]]
+        texts = [coordinator_text(t, ()) for t in tasks]
         H = cache.states(texts)
         paths.encoded.mkdir(parents=True, exist_ok=True)
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        tbl = pa.table({"task_id": [t.id for t in [*train, *heldout]], "key": [text_key(x) for x in texts],
+        tbl = pa.table({"task_id": [t.id for t in tasks], "key": [text_key(x) for x in texts],
                         "state": [row.tolist() for row in H]})
         pq.write_table(tbl, paths.encoded / "root_states.parquet")
     summary = {"encoder_id": encoder.encoder_id, "dim": int(encoder.dim), "transcripts": len(texts),
@@ -183,7 +189,7 @@ def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     from trinity.store import Store
 
     check_pool_config(settings.pool)
-    train, _ = _load_tasks(paths)
+    train = _load_tasks(paths).train
     encoder = make_encoder(settings)
     paths.evolve_dir.mkdir(parents=True, exist_ok=True)
     with Store(paths.store) as store:
@@ -221,16 +227,40 @@ def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ evaluate
+LOCAL_JUDGE_NOTE = ("The judge is {name}, a small local model run by llama.cpp: a weak judge. FastChat's MT-Bench "
+                    "scores are validated with GPT-4 as the judge; these scores only rank answers roughly. Point "
+                    "`evaluate.judge` at a strong endpoint for scores comparable with published ones.")
+
+
+def _judge_member(settings: Settings):
+    """(the judge's PoolMember settings, whether it is a pool member) — None when no judge is configured."""
+    judge = settings.evaluate.judge
+    if judge is None:
+        return None, False
+    if isinstance(judge, str):  # config validation has checked it names a member
+        return next(m for m in settings.pool.members if m.name == judge), True
+    return judge, False
+
+
 def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
+    """Every method on the in-distribution and held-out items (trinity.evaluation); writes data/eval/results.json
+    (the table with its intervals), metrics.json (numbers only, for DVC) and episodes.jsonl (every item's
+    turns), as described in docs/eval_results_schema.md."""
+    from trinity.code_version import code_version
     from trinity.coordinator.episode import StateCache
-    from trinity.evaluation import evaluate as run_eval
+    from trinity.data.splits import HELDOUT_SOURCES
+    from trinity.evaluation import HELDOUT, IN_DISTRIBUTION, evaluate as run_eval, summarise
     from trinity.evolve.sep_cma import load_checkpoint
+    from trinity.grading import preflight
+    from trinity.grading.judge import MTBenchJudge, judge_pool, load_judge_prompts
     from trinity.pool.errors import check_pool_config
     from trinity.pool.runtime import build_pool
     from trinity.store import Store
 
+    # Everything that can be wrong is checked before the first model call.
     check_pool_config(settings.pool)
-    _, heldout = _load_tasks(paths)
+    splits = _load_tasks(paths)
+    tasks = {IN_DISTRIBUTION: splits.in_distribution, HELDOUT: splits.heldout}
     params, meta = load_checkpoint(paths.checkpoint)
     pool_names = [m.name for m in settings.pool.members]
     if [p["name"] for p in meta["pool"]] != pool_names:
@@ -239,25 +269,74 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     if meta.get("svf_layer") != settings.coordinator.svf_layer:
         raise ValueError(f"checkpoint {paths.checkpoint}.json was trained with coordinator.svf_layer "
                          f"{meta.get('svf_layer')!r}, params say {settings.coordinator.svf_layer!r}: rerun evolve")
+    preflight([*splits.in_distribution, *splits.heldout])
+    judged = any(t.grader == "judge" for ts in tasks.values() for t in ts)
+    judge_settings, judge_in_pool = _judge_member(settings)
+    if judged and judge_settings is None:
+        raise ValueError("evaluate.judge: the prepared evaluation set has MT-Bench items but no judge is set")
+    prompts = load_judge_prompts(settings.data.resolved_root()) if judged else None
+    if judged and judge_settings.backend == "openai":
+        check_pool_config(settings.pool.model_copy(update={"members": [judge_settings]}))
     encoder = make_encoder(settings)
     if meta["encoder"] != encoder.encoder_id:
         raise ValueError(f"checkpoint encoder {meta['encoder']!r} differs from configured {encoder.encoder_id!r}")
+    ev = settings.evaluate
     with Store(paths.store) as store:
         pool = build_pool(settings.pool, store, _role_caps(settings))
-        results = run_eval(settings, params, heldout, pool, StateCache(encoder, store), _grade())
+        judge = None
+        if judged:
+            judge = MTBenchJudge(judge_pool(judge_settings, ev.judge_max_tokens, store, settings.pool.max_concurrency),
+                                 prompts)
+        run = run_eval(settings, params, tasks, pool, StateCache(encoder, store), _grade(), judge=judge)
+        judge_info = None
+        if judge is not None:
+            judge_info = {"name": judge_settings.name, "model_id": judge.pool.members[0].model_id,
+                          "in_pool": judge_in_pool, "max_tokens": ev.judge_max_tokens, **judge.stats(),
+                          "note": LOCAL_JUDGE_NOTE.format(name=judge_settings.name)
+                          if judge_settings.backend == "local" else None}
+        out = summarise(run, pool.names, resamples=ev.bootstrap_resamples, seed=ev.seed)
+        out |= {
+            "judge": judge_info,
+            "seeds": {"data": settings.data.seed, "evolve": settings.evolve.seed, "evaluate": ev.seed,
+                      "random_routing": ev.random_routing_seed},
+            "checkpoint": {k: meta.get(k) for k in ("run_fingerprint", "code_version", "method", "generations",
+                                                    "params_hash")},
+            "eval_code_version": code_version(),
+            "pool": [{"name": m.name, "model_id": m.model_id} for m in pool.members],
+            "never_trained_on": {
+                "benchmarks": sorted({t.source for t in splits.heldout}),
+                "items": len(splits.heldout),
+                "training_sources": sorted({t.source for t in splits.train}), "training_items": len(splits.train),
+                "in_distribution_items": len(splits.in_distribution),
+                "check": "no held-out benchmark among the training sources, and no evaluation item (held-out or "
+                         "in-distribution) in training by task id or normalised prompt text",
+                "guarded_sources": sorted(HELDOUT_SOURCES)},
+            "pool_calls": pool.stats.calls_made, "store_hits": pool.stats.store_hits,
+            "failed_calls": pool.stats.failures, "transient_failures": pool.stats.transient_failures,
+            "wall_s": round(run.wall_s, 1),
+        }
     paths.eval_dir.mkdir(parents=True, exist_ok=True)
-    with open(paths.eval_dir / "episodes.jsonl", "w") as f:
-        for r in results:
-            for row in r.per_task:
-                f.write(json.dumps({"method": r.method, **row}, default=str) + "\n")
-    table = [{k: v for k, v in asdict(r).items() if k != "per_task"} for r in results]
-    out = {"heldout": sorted({t.source for t in heldout}), "n_items": len(heldout), "methods": table,
-           "pool_calls": pool.stats.calls_made, "store_hits": pool.stats.store_hits}
+    tmp = paths.eval_dir / "episodes.jsonl.tmp"
+    with open(tmp, "w") as f:
+        for item in run.items:
+            f.write(json.dumps(item.row(), default=str) + "\n")
+    tmp.replace(paths.eval_dir / "episodes.jsonl")
     _write_json(paths.eval_dir / "results.json", out)
+    _write_json(paths.eval_dir / "metrics.json", _eval_metrics(out))
     if tracker is not None:
-        tracker.table("eval", ["method", "accuracy", "n", "mean_turns", "calls", "cost_usd"],
-                      [[r["method"], r["accuracy"], r["n"], r["mean_turns"], r["calls"], r["cost_usd"]] for r in table])
-        tracker.summary({f"accuracy/{r['method']}": r["accuracy"] for r in table})
+        from trinity.tracking import log_eval_results
+
+        log_eval_results(tracker, out, None)
+    return _eval_metrics(out)
+
+
+def _eval_metrics(res: dict) -> dict:
+    """The DVC metrics file: {method: {benchmark: score, avg_in_distribution, avg_heldout}}, numbers only."""
+    out = {}
+    for method, per in res["scores"].items():
+        row = {b: c["score"] for b, c in per.items() if c["score"] is not None}
+        row |= {f"avg_{split}": v for split, v in res["averages"].get(method, {}).items() if v is not None}
+        out[method] = row
     return out
 
 
@@ -265,104 +344,20 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
 _METHOD_NAMES = {"sep_cma": "sep-CMA-ES", "reinforce": "REINFORCE", "random_search": "random search"}
 
 
-def _param_sentence(meta: dict) -> str:
-    rows, d = meta["head_shape"]
-    head = f"head {rows} x {d} = {rows * d} parameters"
-    n_svf = meta.get("svf_params") or 0
-    if not n_svf:
-        return head
-    return (f"{head} + {n_svf} SVF scales of encoder block {meta.get('svf_layer')} (one per singular value of "
-            f"each of its linear layers) = {meta['n_params']} parameters")
-
-
-PAPER_TRAINING_EPISODES = 60 * 33 * 16
-"""The paper's training budget: 60 generations x ~33 candidates x 16 episodes (~31.7k episodes)."""
-
-
-def _reading(res: dict, meta: dict, history: list[dict], paths: Paths) -> list[str]:
-    """Plain-language reading of this run's table, computed from its own results (no fixed verdict)."""
-    by = {r["method"]: r for r in res["methods"]}
-    me = by.get("trinity")
-    singles = [r for r in res["methods"] if r["method"].startswith("alone:")]
-    if me is None or not singles:
-        return []
-    best = max(singles, key=lambda r: r["accuracy"])
-    rnd = by.get("random-routing")
-    if me["accuracy"] > best["accuracy"]:
-        verdict = "beat its best single member"
-    elif me["accuracy"] == best["accuracy"]:
-        verdict = "tied its best single member"
-    else:
-        verdict = "did **not** beat its best single member"
-    out = [f"**Reading it.** The evolved coordinator scored {me['accuracy']:.3f} against {best['accuracy']:.3f} for the "
-           f"best member alone (`{best['method']}`)" + (f" and {rnd['accuracy']:.3f} for random routing" if rnd else "")
-           + f": on these {res['n_items']} items it {verdict}."]
-    picks_m, picks_r, turns = {}, {}, 0
-    names = [p["name"] for p in meta["pool"]]
-    ep_file = paths.eval_dir / "episodes.jsonl"
-    if ep_file.exists():
-        for line in ep_file.read_text().splitlines():
-            e = json.loads(line)
-            if e.get("method") != "trinity":
-                continue
-            for m, r in e.get("path", []):
-                name = names[int(m)] if str(m).isdigit() and int(m) < len(names) else str(m)
-                picks_m[name] = picks_m.get(name, 0) + 1
-                picks_r[r] = picks_r.get(r, 0) + 1
-                turns += 1
-    if turns:
-        fmt = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))  # noqa: E731
-        out.append(f"Its {turns} held-out turns went to: {fmt(picks_m)}; roles: {fmt(picks_r)}.")
-    episodes = sum(int(h.get("episodes") or 0) for h in history)
-    if episodes:
-        out.append(f"Training played {episodes:,} episodes ({len(history)} generations); the paper trains on about "
-                   f"{PAPER_TRAINING_EPISODES:,} (60 generations x ~33 candidates x 16 tasks). To train further, raise "
-                   f"`evolve.generations` (a finished run carries on from its last generation) and "
-                   f"`evolve.episodes_per_candidate` / `data.train`.")
-    return out
-
-
-def report(settings: Settings, paths: Paths = Paths()) -> Path:
+def report(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
+    """reports/summary.md, reports/plots/*.png and reports/traces.md from the run's own files (trinity.report),
+    and the store exported to Parquet."""
+    from trinity.report import write_report
     from trinity.store import Store
 
-    res = json.loads((paths.eval_dir / "results.json").read_text())
-    meta = json.loads(paths.checkpoint.with_suffix(".json").read_text())
-    history = json.loads((paths.evolve_dir / "history.json").read_text())
-    lines = [
-        "# Trinity — held-out evaluation", "",
-        f"Held-out: {', '.join(res['heldout'])} ({res['n_items']} items, never used in training). "
-        f"Pool: {', '.join(p['name'] for p in meta['pool'])}. Coordinator encoder: `{meta['encoder']}`, "
-        f"{_param_sentence(meta)}, {meta['generations']} generations of "
-        f"{_METHOD_NAMES.get(meta.get('method', 'sep_cma'), meta.get('method'))} (seed {meta['seed']}).", "",
-        "| method | accuracy | items | mean turns | LLM calls (new) | cost (USD) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in res["methods"]:
-        lines.append(f"| {r['method']} | {r['accuracy']:.3f} | {r['n']} | {r['mean_turns']:.2f} | {r['calls']} | "
-                     f"{r['cost_usd']:.4f} |")
-    for paragraph in _reading(res, meta, history, paths):
-        lines += ["", paragraph]
-    lines += ["", "`trinity` = the evolved coordinator (argmax policy); `alone:<model>` = that model as Worker for one "
-              "turn; `random-routing` = uniform random model and role each turn (same episode loop, seeded).",
-              "LLM calls (new) counts calls not already in the response store when this method ran.", "",
-              "## Evolution", "",
-              f"Saved vector = the parameters the run saves after that generation (CMA-ES: the distribution mean), "
-              f"scored on the same {meta.get('saved_fitness_episodes', '?')} sampled training episodes every "
-              f"generation. Candidates = that generation's sampled population on its minibatch; their best is a "
-              f"noisy maximum, not the saved vector's score.", "",
-              "| generation | saved vector fitness | saved vector accuracy | candidates mean | best candidate | "
-              "sigma | new LLM calls | store hits |",
-              "|---|---|---|---|---|---|---|---|"]
-    for h in history:
-        lines.append(f"| {h['generation']} | {h['saved_fitness']:.3f} | {h['saved_accuracy']:.3f} | "
-                     f"{h['mean_fitness']:.3f} | {h['best_candidate_fitness']:.3f} | {h['sigma']:.4f} | "
-                     f"{h['calls_made']} | {h['store_hits']} |")
-    paths.reports.mkdir(parents=True, exist_ok=True)
-    out = paths.reports / "summary.md"
-    out.write_text("\n".join(lines) + "\n")
+    written = write_report(paths.eval_dir, paths.evolve_dir, paths.checkpoint.with_suffix(".json"), paths.reports)
     with Store(paths.store, read_only=True) as store:  # a reader: works while another process writes the store
         store.export_parquet(paths.exports)
-    return out
+    if tracker is not None:
+        from trinity.tracking import log_eval_results
+
+        log_eval_results(tracker, json.loads((paths.eval_dir / "results.json").read_text()), paths.reports / "plots")
+    return {name: str(p) for name, p in written.items()}
 
 
 # ------------------------------------------------------------------------------------------ ablation
@@ -393,7 +388,10 @@ def ablation(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     from trinity.store import Store
 
     check_pool_config(settings.pool)
-    train, heldout = _load_tasks(paths)
+    splits = _load_tasks(paths)
+    # held-out accuracy of each method's argmax policy: the held-out items a grader scores (MT-Bench, judged by an
+    # LLM on both turns, is left to the evaluate stage)
+    train, heldout = splits.train, [t for t in splits.heldout if t.grader != "judge"]
     encoder = make_encoder(settings)
     grade = _grade()
     ev, co = settings.evolve, settings.coordinator
@@ -524,7 +522,7 @@ def _write_ablation_report(res: dict, path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ dispatch
 STAGES = ("prepare", "encode", "evolve", "evaluate", "report", "ablation")
-_TRACKED = frozenset({"evolve", "evaluate", "ablation"})
+_TRACKED = frozenset({"evolve", "evaluate", "report", "ablation"})
 """Stages that log per-generation / per-method metrics to the tracker while they run."""
 
 

@@ -1,20 +1,109 @@
 """W&B tracking: one run per pipeline stage, offline by default (env WANDB_MODE overrides params).
 
-Everything logged passes through `redact` first, so no API key reaches a W&B config, summary or table.
+Everything logged passes through `redact` first, so no API key reaches a W&B config, summary, table,
+artifact metadata or artifact file.
+
+Runs of one `dvc repro` share a W&B group: env `TRINITY_WANDB_GROUP` when set, else "pipeline"; the job type
+is the stage name.
+
+Where W&B keeps its files. Runs are written under WANDB_DIR (default `data/wandb`, inside the project). W&B
+also copies every artifact file (and every logged table: tables are artifacts too) to a *staging* dir,
+`$WANDB_DATA_DIR/artifacts/staging`, default `~/.local/share/wandb/...`, and moves uploaded files to a cache,
+`$WANDB_CACHE_DIR/artifacts`, default `~/.cache/wandb`; `artifact.download()` writes to `$WANDB_ARTIFACT_DIR`
+(default `./artifacts`). An offline run's transaction log (`run-<id>.wandb`) refers to the staged copies by
+absolute path, so `wandb sync` needs them. `StageRun` therefore points all three under WANDB_DIR
+(`wandb-data/`, `wandb-cache/`, `wandb-artifacts/`) unless the user set them: the whole of WANDB_DIR is then
+what a later `wandb sync` needs (at the same absolute path, as W&B records absolute staging paths).
 """
 from __future__ import annotations
 
+import math
 import os
+import re
+import tempfile
+import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from trinity.code_version import code_version
 from trinity.config import PROJECT_ROOT, Settings
-from trinity.tracking_redact import redact, register_pool
+from trinity.tracking_redact import redact, redact_text, register_pool
+
+DEFAULT_GROUP = "pipeline"
+GROUP_ENV = "TRINITY_WANDB_GROUP"
+
+# W&B env var -> subdirectory of WANDB_DIR it defaults to here (see the module docstring).
+_WANDB_STORAGE_ENV = {"WANDB_DATA_DIR": "wandb-data", "WANDB_CACHE_DIR": "wandb-cache",
+                      "WANDB_ARTIFACT_DIR": "wandb-artifacts"}
+# Values this module set itself: a later StageRun with another WANDB_DIR (tests, several roots in one
+# process) moves them along; a value the user set is never touched.
+_own_env: dict[str, str] = {}
+
+# Files whose text is checked for secrets before it goes into an artifact.
+_TEXT_SUFFIXES = frozenset({".json", ".jsonl", ".md", ".txt", ".yaml", ".yml", ".csv", ".tsv", ".log",
+                            ".html", ".toml", ".ini", ".cfg", ".py", ".lock"})
+_NAME_MAXLEN = 128
+
+
+def wandb_group() -> str:
+    """The W&B group of this process's stage runs: env TRINITY_WANDB_GROUP, else "pipeline"."""
+    group = redact_text(os.environ.get(GROUP_ENV, "").strip())
+    return group[:_NAME_MAXLEN] or DEFAULT_GROUP
+
+
+def artifact_name(name: str) -> str:
+    """`name` as a valid W&B artifact name: letters, digits, '-', '_' and '.', at most 128 characters
+    (other runs of characters, e.g. '/', ':' or spaces, become one '-')."""
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "-", redact_text(str(name))).strip("-.")
+    return clean[:_NAME_MAXLEN].rstrip("-.") or "artifact"
+
+
+def _artifact_type(type: str) -> str:
+    clean = artifact_name(type)
+    return clean if not clean.startswith("wandb-") else "trinity-" + clean  # "wandb-*" types are reserved
+
+
+def _set_storage_env(wandb_dir: Path) -> None:
+    for name, sub in _WANDB_STORAGE_ENV.items():
+        current = os.environ.get(name)
+        if not current or _own_env.get(name) == current:
+            value = str((wandb_dir / sub).resolve())
+            os.environ[name] = _own_env[name] = value
+
+
+def _json_safe(obj: Any) -> Any:
+    """Artifact metadata as W&B accepts it: JSON types only, no NaN/inf (the backend refuses them)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (str, bool, int)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [_json_safe(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        try:
+            return _json_safe(obj.item())
+        except (TypeError, ValueError):
+            pass
+    return str(obj)
+
+
+def _redacted_text_of(path: Path) -> str | None:
+    """The redacted text of a text file that contains a secret, else None (clean, or not text)."""
+    if path.suffix.lower() not in _TEXT_SUFFIXES:
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return None
+    red = redact_text(text)
+    return red if red != text else None
 
 
 class StageRun:
-    """A thin wrapper over a wandb run: log metrics, tables and a summary, all redacted."""
+    """A thin wrapper over a wandb run: log metrics, tables, images, artifacts and a summary, all redacted."""
 
     def __init__(self, settings: Settings, stage: str, config: dict[str, Any] | None = None,
                  root: Path = PROJECT_ROOT):
@@ -27,9 +116,12 @@ class StageRun:
         wandb_dir = Path(os.environ.get("WANDB_DIR") or root / "data" / "wandb")
         wandb_dir.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("WANDB_SILENT", "true")
+        _set_storage_env(wandb_dir)
         self._wandb = wandb
+        self.wandb_dir = wandb_dir
+        self._inputs: list[dict[str, str]] = []
         self.run = wandb.init(
-            project=settings.tracking.wandb_project, job_type=stage, group="pipeline", mode=mode,
+            project=settings.tracking.wandb_project, job_type=stage, group=wandb_group(), mode=mode,
             dir=str(wandb_dir), name=run_id(settings, stage),
             config=redact({"stage": stage, "params": settings.model_dump(exclude={"source_path"}),
                            "params_hash": settings.params_hash(), "code_version": code_version(),
@@ -40,15 +132,100 @@ class StageRun:
     def dir(self) -> str | None:
         return getattr(self.run, "dir", None)
 
+    @property
+    def offline(self) -> bool:
+        """True when the run cannot reach the W&B server (offline or disabled mode)."""
+        return bool(getattr(self.run, "offline", False) or getattr(self.run, "disabled", False))
+
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         self.run.log(redact(metrics), step=step)
 
+    def make_table(self, columns: list[str], rows: list[list[Any]]):
+        """A redacted `wandb.Table` (not logged): cells of mixed types are allowed."""
+        return self._wandb.Table(columns=redact(list(columns)), data=redact([list(r) for r in rows]),
+                                 allow_mixed_types=True)
+
     def table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
-        self.run.log({key: self._wandb.Table(columns=columns, data=redact(rows))})
+        self.run.log({redact_text(key): self.make_table(columns, rows)})
+
+    def image(self, key: str, path: Path) -> None:
+        """Log the image file at `path` (a PNG) as a `wandb.Image` under `key`."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"image to log not found: {path}")
+        self.run.log({redact_text(key): self._wandb.Image(str(path))})
 
     def summary(self, values: dict[str, Any]) -> None:
         for k, v in redact(values).items():
             self.run.summary[k] = v
+
+    def log_artifact(self, name: str, type: str, paths: Iterable[Path], metadata: dict | None = None):
+        """Log the files `paths` (each by its file name; a directory by its name, with its tree) as a W&B
+        artifact `name` of `type` (both made valid W&B names, see `artifact_name`); returns the artifact.
+
+        `metadata` is redacted. A text file (json, jsonl, md, yaml, ...) that contains a secret is logged
+        redacted, with a warning and its name in metadata["redacted_files"]; other files go in as they are.
+        Offline, W&B stages a copy of each file under $WANDB_DATA_DIR (inside WANDB_DIR, see the module
+        docstring) for a later `wandb sync`."""
+        artifact_type = _artifact_type(type)
+        artifact = self._wandb.Artifact(artifact_name(name), type=artifact_type)
+        redacted_files: list[str] = []
+        with tempfile.TemporaryDirectory(prefix="trinity-artifact-") as tmp:
+            def add(path: Path, entry: str) -> None:
+                red = _redacted_text_of(path)
+                if red is None:
+                    artifact.add_file(str(path), name=entry)
+                    return
+                copy = Path(tmp) / f"{len(redacted_files)}{path.suffix}"
+                copy.write_text(red, encoding="utf-8")
+                artifact.add_file(str(copy), name=entry)  # copied to staging now: the tmp dir may go
+                redacted_files.append(entry)
+
+            for p in paths:
+                p = Path(p)
+                if p.is_dir():
+                    files = sorted(f for f in p.rglob("*") if f.is_file())
+                    if any(_redacted_text_of(f) is not None for f in files):
+                        for f in files:
+                            add(f, f"{p.name}/{f.relative_to(p).as_posix()}")
+                    else:
+                        artifact.add_dir(str(p), name=p.name)
+                elif p.is_file():
+                    add(p, p.name)
+                else:
+                    raise FileNotFoundError(f"artifact {name!r}: no such file or directory: {p}")
+        if redacted_files:
+            warnings.warn(f"artifact {artifact.name!r}: secrets redacted from {redacted_files}", stacklevel=2)
+        meta = dict(metadata or {})
+        if redacted_files:
+            meta["redacted_files"] = redacted_files
+        artifact.metadata = _json_safe(redact(meta))
+        return self.run.log_artifact(artifact)
+
+    def use_artifact(self, name: str, type: str):
+        """Declare that this run consumed the latest version of artifact `name` of `type` (the lineage
+        prepared data -> checkpoint -> eval). The dependency is always recorded in the run's config and
+        summary ("inputs": [{"name", "type", "alias"}]).
+
+        Online, this also calls `run.use_artifact("<name>:latest")` and returns the artifact (None, with a
+        warning, when W&B cannot resolve it, e.g. its producer run is not synced yet). Offline (or disabled)
+        it returns None and does not raise: offline mode cannot draw consumer edges: they appear once runs
+        are synced and online (W&B 0.31's `run.use_artifact` raises TypeError in offline mode, and an offline
+        run cannot resolve an artifact logged by another run)."""
+        entry = {"name": artifact_name(name), "type": _artifact_type(type), "alias": "latest"}
+        if entry not in self._inputs:
+            self._inputs.append(entry)
+        inputs = redact([dict(e) for e in self._inputs])
+        self.run.config.update({"inputs": inputs}, allow_val_change=True)
+        self.run.summary["inputs"] = inputs
+        if self.offline:
+            return None
+        try:
+            return self.run.use_artifact(f"{entry['name']}:latest", type=entry["type"])
+        except Exception as e:  # lineage is worth a warning, never a failed stage
+            warnings.warn(f"W&B could not resolve input artifact {entry['name']}:latest "
+                          f"({redact_text(str(e))})", stacklevel=2)
+            return None
 
     def finish(self) -> None:
         self.run.finish()
@@ -58,3 +235,79 @@ class StageRun:
 
     def __exit__(self, exc_type, *_) -> None:
         self.run.finish(exit_code=1 if exc_type else 0)
+
+
+_BENCHMARK_COLUMNS = ["method", "kind", "score", "ci_low", "ci_high", "n", "unscored", "tokens_per_task",
+                      "wall_s_per_task", "cost_usd_per_task", "mean_turns"]
+_PAIRED_COLUMNS = ["benchmark", "a", "b", "label", "diff", "ci_low", "ci_high", "n", "outcome"]
+
+
+def _ci(value: Any) -> tuple[Any, Any]:
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return value[0], value[1]
+    return None, None
+
+
+def log_eval_results(tracker: StageRun, results: dict, plots_dir: Path | None) -> None:
+    """Log data/eval/results.json (docs/eval_results_schema.md) to the stage's W&B run, in one step:
+
+    * `eval/<benchmark>`: a table per benchmark, one row per method with a score entry
+      (columns: method, kind, score, ci_low, ci_high, n, unscored, tokens_per_task, wall_s_per_task,
+      cost_usd_per_task, mean_turns);
+    * `eval/summary`: one row per method, a column per benchmark's score, avg_in_distribution, avg_heldout;
+    * `eval/paired`: the paired comparisons (benchmark, a, b, label, diff, ci_low, ci_high, n, outcome);
+    * summary values `score/<method>/<benchmark>`, `avg_in_distribution/<method>`, `avg_heldout/<method>`
+      (null scores are left out, as in metrics.json);
+    * every `*.png` of `plots_dir` as an image `plots/<stem>`.
+    """
+    scores: dict[str, dict[str, dict]] = results.get("scores") or {}
+    benchmarks = [b["name"] for b in results.get("benchmarks") or []]
+    benchmarks += sorted({b for per in scores.values() for b in per} - set(benchmarks))
+    kinds = {m["method"]: m.get("kind") for m in results.get("methods") or []}
+    methods = list(kinds) + [m for m in scores if m not in kinds]
+    averages: dict[str, dict] = results.get("averages") or {}
+
+    payload: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+    for bench in benchmarks:
+        rows = []
+        for m in methods:
+            s = scores.get(m, {}).get(bench)
+            if s is None:
+                continue
+            lo, hi = _ci(s.get("ci95"))
+            rows.append([m, kinds.get(m), s.get("score"), lo, hi, s.get("n"), s.get("unscored"),
+                         s.get("tokens_per_task"), s.get("wall_s_per_task"), s.get("cost_usd_per_task"),
+                         s.get("mean_turns")])
+            if s.get("score") is not None:
+                values[f"score/{m}/{bench}"] = s["score"]
+        payload[f"eval/{bench}"] = tracker.make_table(_BENCHMARK_COLUMNS, rows)
+
+    summary_rows = []
+    for m in methods:
+        avg = averages.get(m) or {}
+        summary_rows.append([m, *[(scores.get(m, {}).get(b) or {}).get("score") for b in benchmarks],
+                             avg.get("in_distribution"), avg.get("heldout")])
+        for split in ("in_distribution", "heldout"):
+            if avg.get(split) is not None:
+                values[f"avg_{split}/{m}"] = avg[split]
+    payload["eval/summary"] = tracker.make_table(
+        ["method", *benchmarks, "avg_in_distribution", "avg_heldout"], summary_rows)
+
+    paired_rows = []
+    for bench, comparisons in (results.get("paired") or {}).items():
+        for c in comparisons or []:
+            lo, hi = _ci(c.get("ci95"))
+            paired_rows.append([bench, c.get("a"), c.get("b"), c.get("label"), c.get("diff"), lo, hi,
+                                c.get("n"), c.get("outcome")])
+    payload["eval/paired"] = tracker.make_table(_PAIRED_COLUMNS, paired_rows)
+
+    if plots_dir is not None and Path(plots_dir).is_dir():
+        for png in sorted(Path(plots_dir).glob("*.png")):
+            payload[f"plots/{png.stem}"] = tracker._wandb.Image(str(png))
+
+    tracker.log(payload)
+    tracker.summary(values)
+
+
+__all__ = ["DEFAULT_GROUP", "GROUP_ENV", "StageRun", "artifact_name", "log_eval_results", "wandb_group"]

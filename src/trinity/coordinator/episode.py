@@ -27,8 +27,8 @@ import numpy as np
 
 from trinity.config import RewardSettings
 from trinity.coordinator.head import softmax
-from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, is_answer, latest_answer, make_turn,
-                                      role_messages)
+from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, is_answer, latest_answer, role_messages,
+                                      turn_of)
 from trinity.coordinator.streams import EpisodeStream, episode_streams
 from trinity.records import ChatMessage, Task, stable_hash
 from trinity.store import Store, text_key
@@ -360,7 +360,7 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
         replies = await pool.complete_many(requests) if requests else []
         for (e, edge), resp in zip(asked, replies):
             if edge.resp is not resp:  # first visit (or another stored sample): parse once per edge
-                edge.turn = make_turn(pool.names[edge.model], edge.role, resp.text, resp.ok)
+                edge.turn = turn_of(pool.names[edge.model], edge.role, resp)
                 edge.child = e.node.child(edge.turn)
                 edge.resp = resp
             turn = edge.turn

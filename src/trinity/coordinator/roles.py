@@ -10,7 +10,7 @@ Verifier reads query + current answer; replies ACCEPT or REJECT (read as a whole
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from trinity.records import ChatMessage, Task
@@ -37,6 +37,13 @@ class Turn:
     suggestion: str | None = None
     suggested_role: Role | None = None
     verdict: str | None = None  # "ACCEPT" / "REJECT" for Verifier turns
+    # What the call cost, as recorded when it was paid (a stored reply keeps its original figures). Not part of
+    # a turn's identity: two calls that said the same thing are the same turn.
+    prompt_tokens: int = field(default=0, compare=False)
+    completion_tokens: int = field(default=0, compare=False)
+    latency_s: float = field(default=0.0, compare=False)
+    failure: str | None = field(default=None, compare=False)
+    """For a failed call: "transient" (an outage) or "deterministic" (see records.ChatResponse)."""
 
 
 DISPATCHER_PROMPT = (
@@ -54,8 +61,12 @@ ANSWER_FORMAT = {
 
 
 def coordinator_text(task: Task, turns: tuple[Turn, ...]) -> str:
-    """What the coordinator LM reads: plain 'role: content' lines under the dispatcher prompt."""
-    parts = [f"system: {DISPATCHER_PROMPT}", f"user: {task.query}"]
+    """What the coordinator LM reads: plain 'role: content' lines under the dispatcher prompt (earlier turns
+    of a multi-turn conversation first, as user / assistant lines)."""
+    parts = [f"system: {DISPATCHER_PROMPT}"]
+    for user, assistant in task.history:
+        parts += [f"user: {user}", f"assistant: {assistant}"]
+    parts.append(f"user: {task.query}")
     parts += [f"{t.role.value}: {t.text}" for t in turns]
     return "\n\n".join(parts)
 
@@ -85,10 +96,20 @@ def _pending_suggestion(turns: tuple[Turn, ...]) -> str | None:
     return None
 
 
+def _earlier_conversation(task: Task) -> str:
+    """A multi-turn task's earlier turns, for the roles that see the conversation as one text."""
+    if not task.history:
+        return ""
+    lines = [f"User: {_clip(u)}\nAssistant: {_clip(a)}" for u, a in task.history]
+    return "Conversation so far:\n" + "\n\n".join(lines) + "\n\n"
+
+
 def role_messages(role: Role, task: Task, turns: tuple[Turn, ...]) -> list[ChatMessage]:
-    """The chat a pool model sees when it acts in `role` after `turns`."""
+    """The chat a pool model sees when it acts in `role` after `turns`. A Worker of a multi-turn task sees the
+    earlier conversation as real user / assistant messages; Thinker and Verifier read it before the question."""
     fmt = ANSWER_FORMAT.get(task.grader, "")
     answer = latest_answer(turns)
+    earlier = _earlier_conversation(task)
     if role is Role.WORKER:
         body = task.query
         refs = [t.text for t in turns if t.role is Role.WORKER and t.ok]
@@ -100,10 +121,11 @@ def role_messages(role: Role, task: Task, turns: tuple[Turn, ...]) -> list[ChatM
             body += f"\n\nA reviewer suggests: {sugg}"
         if fmt:
             body += f"\n\n{fmt}"
-        return [ChatMessage("system", "You are a careful expert problem solver."), ChatMessage("user", body)]
+        history = [ChatMessage(r, text) for u, a in task.history for r, text in (("user", u), ("assistant", a))]
+        return [ChatMessage("system", "You are a careful expert problem solver."), *history, ChatMessage("user", body)]
     if role is Role.THINKER:
         thoughts = [f"{t.role.value}: {_clip(t.text)}" for t in turns if t.ok and t.role is not Role.WORKER]
-        body = f"Question:\n{task.query}\n\n"
+        body = f"{earlier}Question:\n{task.query}\n\n"
         if thoughts:
             body += "Earlier thoughts:\n" + "\n".join(thoughts[-3:]) + "\n\n"
         body += f"Current answer:\n{_clip(answer) if answer else '(none yet)'}\n\n"
@@ -113,7 +135,7 @@ def role_messages(role: Role, task: Task, turns: tuple[Turn, ...]) -> list[ChatM
         return [ChatMessage("system", "You are a strategic thinker who guides a team of solvers."),
                 ChatMessage("user", body)]
     if role is Role.VERIFIER:
-        body = (f"Question:\n{task.query}\n\nProposed answer:\n{_clip(answer or '')}\n\n"
+        body = (f"{earlier}Question:\n{task.query}\n\nProposed answer:\n{_clip(answer or '')}\n\n"
                 "Is the proposed answer correct? Reply with ACCEPT or REJECT first, then one sentence why.")
         return [ChatMessage("system", "You are a strict verifier."), ChatMessage("user", body)]
     raise ValueError(f"unknown role {role!r}")
@@ -226,12 +248,20 @@ def parse_verdict(text: str) -> str:
     return next((v for _, v, in_field in found if in_field), found[0][1])
 
 
-def make_turn(model: str, role: Role, text: str, ok: bool) -> Turn:
+def make_turn(model: str, role: Role, text: str, ok: bool, *, prompt_tokens: int = 0, completion_tokens: int = 0,
+              latency_s: float = 0.0, failure: str | None = None) -> Turn:
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "latency_s": latency_s}
     if not ok:
-        return Turn(model=model, role=role, text=text, ok=False)
+        return Turn(model=model, role=role, text=text, ok=False, failure=failure, **usage)
     if role is Role.THINKER:
         s, r = parse_thinker(text)
-        return Turn(model=model, role=role, text=text, suggestion=s, suggested_role=r)
+        return Turn(model=model, role=role, text=text, suggestion=s, suggested_role=r, **usage)
     if role is Role.VERIFIER:
-        return Turn(model=model, role=role, text=text, verdict=parse_verdict(text))
-    return Turn(model=model, role=role, text=text)
+        return Turn(model=model, role=role, text=text, verdict=parse_verdict(text), **usage)
+    return Turn(model=model, role=role, text=text, **usage)
+
+
+def turn_of(model: str, role: Role, resp) -> Turn:
+    """The turn a pool reply (`records.ChatResponse`) makes, with its recorded usage."""
+    return make_turn(model, role, resp.text, resp.ok, prompt_tokens=resp.prompt_tokens,
+                     completion_tokens=resp.completion_tokens, latency_s=resp.latency_s, failure=resp.failure)

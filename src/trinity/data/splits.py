@@ -2,7 +2,7 @@
 
 The held-out benchmarks are the point of the evaluation (the paper's claim is zero-shot transfer), so
 `build_splits` refuses to return a split in which a held-out source, a held-out task id, or a held-out
-prompt text appears in training.
+prompt text appears in training; in-distribution evaluation items are drawn from what training left.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ HELDOUT_SOURCES = frozenset({"aime", "bigcodebench", "bigcodebench_hard", "mt_be
 # "<name>:<value>" in a split spec sets this loader keyword; e.g. "gsm8k:train", "mmlu:val", "gpqa:main".
 _VARIANT_KW = {"gsm8k": "split", "mmlu": "split", "mbpp": "split", "gpqa": "subset", "livecodebench": "subset"}
 # Defaults when the spec names no variant: train on GSM8K's train split, evaluate on its test split.
-_ROLE_DEFAULTS = {"train": {"gsm8k": "train"}, "heldout": {"gsm8k": "test"}}
+_ROLE_DEFAULTS = {"train": {"gsm8k": "train"}, "heldout": {"gsm8k": "test"}, "in_distribution": {"gsm8k": "test"}}
 
 
 class ContaminationError(ValueError):
@@ -62,6 +62,14 @@ def _parse_key(key: str, role: str) -> tuple[str, dict[str, Any]]:
     return name, {_VARIANT_KW[name]: variant}
 
 
+class Splits(NamedTuple):
+    train: list[Task]
+    in_distribution: list[Task]
+    """Evaluation items of the training benchmarks that training did not draw."""
+    heldout: list[Task]
+    """Evaluation items of benchmarks never trained on."""
+
+
 def build_splits(
     root: PathLike,
     train: dict[str, int],
@@ -69,21 +77,40 @@ def build_splits(
     seed: int,
     math500_max_level: int = 5,
 ) -> tuple[list[Task], list[Task]]:
-    """Load each named benchmark from `root` and draw the requested number of tasks from each.
+    """(train, held-out): `build_all_splits` without an in-distribution evaluation set."""
+    s = build_all_splits(root, train, {}, heldout, seed, math500_max_level)
+    return s.train, s.heldout
+
+
+def build_all_splits(
+    root: PathLike,
+    train: dict[str, int],
+    in_distribution: dict[str, int],
+    heldout: dict[str, int],
+    seed: int,
+    math500_max_level: int = 5,
+) -> Splits:
+    """Load each named benchmark from `root` and draw the requested number of tasks from each (-1 = all).
 
     Keys are benchmark names, optionally "<name>:<split or subset>" (gsm8k defaults to its train split
-    for training and its test split for held-out). Each source is drawn with its own seed derived from
-    (`seed`, key), so adding a source does not reshuffle the others. MATH-500 is limited to problems of
-    level ≤ `math500_max_level`; GPQA's option shuffle uses `seed` too. Raises ContaminationError if the
-    result mixes training and held-out data."""
+    for training and its test split for evaluation). Each source is drawn with its own seed derived from
+    (`seed`, key), so adding a source does not reshuffle the others. In-distribution items are drawn from what
+    training left of the same benchmark (never a training item, by id or prompt text); a held-out benchmark
+    may not be named there. MATH-500 is limited to problems of level ≤ `math500_max_level`; GPQA's option
+    shuffle uses `seed` too. Raises ContaminationError if the result mixes training and evaluation data."""
     if not 1 <= math500_max_level <= 5:
         raise ValueError(f"math500_max_level must be 1-5, got {math500_max_level}")
     cache: dict[tuple, list[Task]] = {}
 
-    def draw(spec: dict[str, int], role: str) -> list[Task]:
+    def draw(spec: dict[str, int], role: str, exclude: Sequence[Task] = ()) -> list[Task]:
         out: list[Task] = []
+        excluded_ids = {t.id for t in exclude}
+        excluded_texts = {x for t in exclude for x in _texts(t)}
         for key, n in spec.items():
             name, kw = _parse_key(key, role)
+            if role == "in_distribution" and name in HELDOUT_SOURCES:
+                raise ValueError(f"data.in_distribution.{key}: {name} is a held-out benchmark (never trained on); "
+                                 "list it under data.heldout")
             if name == "math500":
                 kw["max_level"] = math500_max_level
             if name == "gpqa":
@@ -91,15 +118,20 @@ def build_splits(
             ck = (name, tuple(sorted(kw.items())))
             if ck not in cache:
                 cache[ck] = BENCHMARKS[name](root, **kw)
+            pool = [t for t in cache[ck] if t.id not in excluded_ids and not (_texts(t) & excluded_texts)]
+            draw_seed = _stable_int(f"{key}:{seed}" if role != "in_distribution" else f"{key}:{seed}:in_distribution")
             try:
-                out += sample_tasks(cache[ck], n, _stable_int(f"{key}:{seed}"))
+                out += sample_tasks(pool, n, draw_seed)
             except ValueError as e:
-                raise ValueError(f"data.{role}.{key}: {e}") from None
+                left = f" (after leaving out the {len(cache[ck]) - len(pool)} training items)" if exclude else ""
+                raise ValueError(f"data.{role}.{key}: {e}{left}") from None
         return out
 
-    train_tasks, heldout_tasks = draw(train, "train"), draw(heldout, "heldout")
-    assert_no_contamination(train_tasks, heldout_tasks)
-    return train_tasks, heldout_tasks
+    train_tasks = draw(train, "train")
+    in_dist_tasks = draw(in_distribution, "in_distribution", exclude=train_tasks)
+    heldout_tasks = draw(heldout, "heldout")
+    assert_no_contamination(train_tasks, [*in_dist_tasks, *heldout_tasks])
+    return Splits(train_tasks, in_dist_tasks, heldout_tasks)
 
 
 def _normalise(text: str) -> str:

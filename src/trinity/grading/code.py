@@ -82,7 +82,7 @@ def grade_code_detail(task: Task, completion_text: str | None, *, sandbox: Sandb
     sandbox is a setup error, not a wrong answer)."""
     if not completion_text:
         return CodeVerdict(False, "no answer")
-    kind = _kind(task)
+    kind = code_kind(task)
     entry = task.metadata.get("entry_point")
     if kind == "livecodebench" and task.metadata.get("testtype") == "functional":
         entry = "Solution"
@@ -113,7 +113,7 @@ def grade_code_detail(task: Task, completion_text: str | None, *, sandbox: Sandb
     raise ValueError(f"no code grader for source {task.source!r} (test_format {task.metadata.get('test_format')!r})")
 
 
-def _kind(task: Task) -> str:
+def code_kind(task: Task) -> str:
     src = task.source
     if src in ("humaneval", "mbpp", "livecodebench"):
         return src

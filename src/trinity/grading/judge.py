@@ -1,9 +1,11 @@
 """MT-Bench grading by an LLM judge, with FastChat's own judge prompts (single-v1, single-math-v1 with a
 reference answer, and their multi-turn variants), read from the benchmark directory.
 
-The judge is any pool member (`ChatModel`): an API model through the OpenAI-compatible backend, or a local
-one. The score is parsed from "[[x]]" (FastChat's pattern, then its "[x]" fallback). A judge that fails or
-gives no parseable rating is recorded as a failure with its reason — never guessed.
+The judge is a member of a `Pool` (an API model through the OpenAI-compatible backend, or a local one), so
+every judge call goes through the response store like any other call: a rerun pays nothing. `judge_pool`
+builds the judge's own one-member pool at FastChat's temperature 0. The score is parsed from "[[x]]"
+(FastChat's pattern, then its "[x]" fallback). A judge that fails or gives no parseable rating is recorded
+as a failure with its reason — never guessed.
 """
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from trinity.pool.base import ChatModel
-from trinity.records import ChatMessage, SamplingParams, Task
+from trinity.config import PoolMember, PoolSettings
+from trinity.records import ChatMessage, Task
 
 NEED_REF_CATEGORIES = frozenset({"math", "reasoning", "coding"})
 _SCORE = re.compile(r"\[\[(\d+\.?\d*)\]\]")
@@ -74,12 +76,37 @@ def parse_score(text: str) -> float | None:
     return score if 0 <= score <= 10 else None
 
 
+JUDGE_ROLE = "judge"
+"""The role judge calls are stored under (store rows, exports)."""
+
+
+def judge_member(member: PoolMember, max_tokens: int) -> PoolMember:
+    """A member's settings as a judge: FastChat's temperature 0 (greedy), `max_tokens` for the reply."""
+    return member.model_copy(update={"temperature": 0.0, "top_p": 1.0, "max_tokens": max_tokens})
+
+
+def judge_pool(member: PoolMember, max_tokens: int, store, max_concurrency: int = 8):
+    """The judge's own one-member pool (sharing the response store, and a local model already loaded by the main
+    pool: llama.cpp models are loaded once per process)."""
+    from trinity.pool.runtime import build_pool
+
+    return build_pool(PoolSettings(members=[judge_member(member, max_tokens)], max_concurrency=max_concurrency),
+                      store)
+
+
 class MTBenchJudge:
-    def __init__(self, judge: ChatModel, prompts: dict[str, JudgePrompt], max_tokens: int = 1024):
-        self.judge = judge
+    """FastChat's single-answer grading by member `idx` of `pool` (see `judge_pool`)."""
+
+    def __init__(self, pool, prompts: dict[str, JudgePrompt], idx: int = 0):
+        self.pool = pool
+        self.idx = idx
         self.prompts = prompts
-        # FastChat judges with temperature 0
-        self.sampling = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens, seed=0)
+        self.verdicts = self.unparseable = self.failed = 0
+
+    def stats(self) -> dict:
+        """Judgements made by this judge so far: rated, without a parseable rating, failed calls; and its calls."""
+        return {"verdicts": self.verdicts, "unparseable": self.unparseable, "failed": self.failed,
+                "calls_new": self.pool.stats.calls_made, "store_hits": self.pool.stats.store_hits}
 
     def messages(self, task: Task, answers: Sequence[str], turn: int) -> tuple[str, list[ChatMessage]]:
         """The judge prompt for `turn` (1 or 2) of an MT-Bench task answered with `answers`."""
@@ -101,10 +128,13 @@ class MTBenchJudge:
 
     async def judge_turn(self, task: Task, answers: Sequence[str], turn: int) -> JudgeVerdict:
         name, msgs = self.messages(task, answers, turn)
-        resp = await self.judge.chat(msgs, self.sampling)
+        resp = await self.pool.complete(self.idx, msgs, JUDGE_ROLE)
         if not resp.ok:
+            self.failed += 1
             return JudgeVerdict(task.id, turn, name, None, resp.text, f"judge call failed: {resp.error}")
         score = parse_score(resp.text)
         if score is None:
+            self.unparseable += 1
             return JudgeVerdict(task.id, turn, name, None, resp.text, "no [[rating]] in the judge's reply")
+        self.verdicts += 1
         return JudgeVerdict(task.id, turn, name, score, resp.text)

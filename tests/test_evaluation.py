@@ -1,0 +1,233 @@
+"""The evaluation: every method on the same items, MT-Bench played turn by turn and judged through the store,
+unscored items counted (never guessed), the oracle row, paired intervals; the held-out promise; bad input
+named before any model is called. Scripted pool members (the protocol is under test, not model quality)."""
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from scripted_pool import HashEncoder, ScriptedModel
+from trinity import stages
+from trinity.config import ConfigError, DataSettings, PoolMember, Settings, load_settings
+from trinity.coordinator.episode import StateCache
+from trinity.data.splits import ContaminationError, build_all_splits, save_tasks
+from trinity.evaluation import ORACLE, evaluate, summarise
+from trinity.grading.judge import MTBenchJudge, judge_member, load_judge_prompts
+from trinity.pool.runtime import Pool
+from trinity.records import ChatResponse, Task
+from trinity.stats import bootstrap_mean, compare, paired_bootstrap
+from trinity.store import Store
+
+MATH = [Task(id=f"m/{i}", source="math500", prompt=(f"What is {i}+1?",), grader="math", answer=str(i + 1))
+        for i in range(4)]
+MT = Task(id="mt_bench/81", source="mt_bench", prompt=("Write a haiku.", "Now make it rhyme."), grader="judge",
+          metadata={"category": "writing"})
+
+
+def grade(task, text):
+    return 1.0 if f"\\boxed{{{task.answer}}}" in (text or "") else 0.0
+
+
+class EchoWorker(ScriptedModel):
+    """Answers math right (or wrong), and MT-Bench turns with a text naming the turn it saw."""
+
+    def __init__(self, name, right: bool):
+        super().__init__(name, {"verifier": "ACCEPT", "thinker": "<suggestion>go</suggestion>"})
+        self.right = right
+        self.seen = []
+
+    async def chat(self, messages, sampling):
+        self.calls += 1
+        self.seen.append(messages)
+        last = messages[-1].content
+        if "ACCEPT or REJECT" in last or "<suggestion>" in last:
+            return await super().chat(messages, sampling)
+        for i in range(4):
+            if f"What is {i}+1?" in last:
+                return ChatResponse(text=f"\\boxed{{{i + 1 if self.right else 0}}}", prompt_tokens=10,
+                                    completion_tokens=5, latency_s=0.5)
+        return ChatResponse(text=f"{self.name} answers: {last[:20]}", prompt_tokens=20, completion_tokens=7)
+
+
+class ScriptedJudge:
+    """A judge whose replies are scripted per conversation turn (a rating, or none)."""
+
+    name, model_id = "judge", "scripted:judge"
+
+    def __init__(self, rating_turn1="[[8]]", rating_turn2="[[6]]"):
+        self.ratings, self.calls = (rating_turn1, rating_turn2), 0
+
+    async def chat(self, messages, sampling):
+        self.calls += 1
+        turn2 = "<|The Start of Assistant A's Conversation with User|>" in messages[-1].content
+        return ChatResponse(text=f"Explanation. Rating: {self.ratings[turn2]}")
+
+
+def _settings(**evaluate):
+    return Settings.model_validate({
+        "pool": {"members": [{"name": n, "backend": "local", "model": "x"} for n in ("good", "bad")]},
+        "coordinator": {"max_turns": 2}, "evaluate": evaluate})
+
+
+def _run(store, judge_model, tasks, methods=None, right=(True, False)):
+    models = [EchoWorker("good", right[0]), EchoWorker("bad", right[1])]
+    pool = Pool(models, [PoolMember(name=m.name, backend="local", model="x") for m in models], store)
+    jpool = Pool([judge_model], [judge_member(PoolMember(name="judge", backend="local", model="x"), 64)], store)
+    judge = MTBenchJudge(jpool, load_judge_prompts(DataSettings().resolved_root()))
+    head = np.zeros(5 * 8)  # the coordinator: a zero head (argmax: model 0 as Thinker every turn, so no answer)
+    run = evaluate(_settings(judge="good"), head, tasks, pool, StateCache(HashEncoder(), store), grade, judge=judge,
+                   methods=methods)
+    return run, models, pool, judge
+
+
+def test_every_method_plays_the_same_items_and_mt_bench_is_judged_turn_by_turn(tmp_path):
+    with Store(tmp_path / "s.duckdb") as store:
+        run, models, pool, judge = _run(store, ScriptedJudge(), {"in_distribution": MATH, "heldout": [MT]})
+    methods = {"trinity", "alone:good", "alone:bad", "random-routing"}
+    for bench, ids in (("math500", {t.id for t in MATH}), ("mt_bench", {MT.id})):
+        for m in methods:
+            assert {i.task.id for i in run.items if i.method == m and i.task.source == bench} == ids
+    alone_good = {i.task.id: i for i in run.items if i.method == "alone:good"}
+    assert all(alone_good[t.id].score == 1.0 for t in MATH)
+    assert all(i.score == 0.0 for i in run.items if i.method == "alone:bad" and i.task.source == "math500")
+    mt = alone_good[MT.id]
+    # turn 2 was asked as a real conversation: question 1, this member's own answer 1, then question 2
+    turn2_msgs = next(m for m in models[0].seen if m[-1].content.startswith("Now make it rhyme."))
+    assert [(x.role, x.content) for x in turn2_msgs[1:3]] == [("user", "Write a haiku."),
+                                                            ("assistant", mt.turns[0][1].text)]
+    assert [k for k, _ in mt.turns] == [1, 2] and mt.answer == mt.turns[1][1].text
+    assert [j["score"] for j in mt.judge] == [8.0, 6.0] and mt.score == 7.0  # the mean of the two turns
+    assert judge.stats()["verdicts"] == 2 * len(methods) and judge.stats()["unparseable"] == 0
+    row = mt.row()
+    assert row["benchmark"] == "mt_bench" and row["split"] == "heldout" and row["tokens"] == 54
+    json.dumps(row)
+
+
+def test_an_unparseable_judgement_is_counted_never_scored(tmp_path):
+    with Store(tmp_path / "s.duckdb") as store:
+        run, _, _, judge = _run(store, ScriptedJudge("no rating", "[[4]]"), {"heldout": [MT]}, methods=["alone:good"])
+        item = run.items[0]
+        assert item.score == 4.0 and item.judge[0]["error"] == "no [[rating]] in the judge's reply"
+        assert judge.stats()["unparseable"] == 1
+    with Store(tmp_path / "t.duckdb") as store:
+        run, _, _, judge = _run(store, ScriptedJudge("none", "none"), {"heldout": [MT]}, methods=["alone:good"])
+        item = run.items[0]
+        assert item.score is None and item.error.startswith("judge gave no rating")
+        table = summarise(run, ["good", "bad"], resamples=200, seed=0)
+        cell = table["scores"]["alone:good"]["mt_bench"]
+        assert cell["score"] is None and cell["n"] == 0 and cell["unscored"] == 1
+
+
+def test_a_rerun_pays_nothing_not_even_the_judge(tmp_path):
+    first_judge = ScriptedJudge()
+    with Store(tmp_path / "s.duckdb") as store:
+        run1, models1, _, _ = _run(store, first_judge, {"in_distribution": MATH[:2], "heldout": [MT]})
+    second_judge = ScriptedJudge()
+    with Store(tmp_path / "s.duckdb") as store:
+        run2, models2, pool2, judge2 = _run(store, second_judge, {"in_distribution": MATH[:2], "heldout": [MT]})
+    assert first_judge.calls > 0 and sum(m.calls for m in models1) > 0
+    assert second_judge.calls == 0 and sum(m.calls for m in models2) == 0 and pool2.stats.calls_made == 0
+    assert [i.row() for i in run1.items] == [i.row() for i in run2.items]
+
+
+def test_the_table_oracle_and_paired_intervals(tmp_path):
+    with Store(tmp_path / "s.duckdb") as store:
+        run, *_ = _run(store, ScriptedJudge(), {"in_distribution": MATH, "heldout": [MT]})
+    t = summarise(run, ["good", "bad"], resamples=500, seed=0)
+    assert [b["name"] for b in t["benchmarks"]] == ["math500", "mt_bench"]
+    assert t["benchmarks"][1] | {} == {"name": "mt_bench", "split": "heldout", "metric": "judge score (1-10)",
+                                       "scale": 10.0, "n": 1}
+    oracle = next(m for m in t["methods"] if m["method"] == ORACLE)
+    assert oracle["kind"] == "oracle" and oracle["picks"]["math500"] == "alone:good"
+    assert t["scores"][ORACLE]["math500"]["score"] == 1.0 and t["scores"][ORACLE]["math500"]["calls_new"] == 0
+    assert t["scores"]["alone:bad"]["math500"]["ci95"] == [0.0, 0.0]
+    good = t["scores"]["alone:good"]
+    assert t["averages"]["alone:good"] == {"in_distribution": 1.0, "heldout": good["mt_bench"]["score"] / 10}
+    assert good["math500"]["tokens_per_task"] == 15 and good["math500"]["wall_s_per_task"] == 0.5
+    vs_best, vs_random = t["paired"]["math500"]
+    assert vs_best["b"] == "alone:good" and vs_random["b"] == "random-routing" and vs_best["n"] == 4
+    trinity = {i.task.id: i.score for i in run.items if i.method == "trinity" and i.task.source == "math500"}
+    assert vs_best["diff"] == pytest.approx(np.mean(list(trinity.values())) - 1.0)
+    assert vs_best["outcome"] == compare(paired_bootstrap(list(trinity.values()), [1.0] * 4, n_resamples=500))
+
+
+def test_bootstrap_intervals():
+    assert bootstrap_mean([1, 1, 1]).as_dict() | {} == {"estimate": 1.0, "ci95": [1.0, 1.0], "n": 3,
+                                                       "small_sample": True}
+    iv = bootstrap_mean([0, 1] * 50, seed=3)
+    assert iv.low < 0.5 < iv.high and 0.35 < iv.low and iv.high < 0.65 and not iv.small_sample
+    assert bootstrap_mean([0, 1] * 50, seed=3) == iv  # seeded: the same interval on a rerun
+    assert compare(paired_bootstrap([1] * 40, [0] * 40)) == "wins"
+    assert compare(paired_bootstrap([0] * 40, [1] * 40)) == "loses"
+    assert compare(paired_bootstrap([0, 1] * 20, [1, 0] * 20)) == "ties"
+    with pytest.raises(ValueError, match="equal-length"):
+        paired_bootstrap([1, 0], [1])
+
+
+# ------------------------------------------------------------------ the held-out promise, bad input
+def test_in_distribution_items_are_never_training_items(root):
+    s = build_all_splits(root, {"math500": 40, "mmlu": 20}, {"math500": 30, "mmlu": 20}, {"gpqa": 2}, seed=0,
+                         math500_max_level=2)
+    assert not {t.id for t in s.train} & {t.id for t in s.in_distribution}
+    assert {t.source for t in s.in_distribution} == {"math500", "mmlu"} and len(s.in_distribution) == 50
+    again = build_all_splits(root, {"math500": 40, "mmlu": 20}, {"math500": 30, "mmlu": 20}, {"gpqa": 2}, seed=0,
+                             math500_max_level=2)
+    assert [t.id for t in again.in_distribution] == [t.id for t in s.in_distribution]
+    with pytest.raises(ValueError, match=r"data.in_distribution.gpqa: gpqa is a held-out benchmark"):
+        build_all_splits(root, {"math500": 2}, {"gpqa": 2}, {}, seed=0)
+    with pytest.raises(ValueError, match=r"data.in_distribution: unknown benchmark 'nope'"):
+        build_all_splits(root, {"math500": 2}, {"nope": 2}, {}, seed=0)
+
+
+def test_a_heldout_item_in_training_fails_the_stage_loudly(tmp_path, root):
+    paths = stages.Paths(tmp_path)
+    s = build_all_splits(root, {"math500": 3}, {"math500": 2}, {"gpqa": 2}, seed=0)
+    paths.prepared.mkdir(parents=True)
+    save_tasks(paths.prepared / "train.jsonl", [*s.train, s.heldout[0]])  # someone edited the prepared file
+    save_tasks(paths.prepared / "in_distribution.jsonl", s.in_distribution)
+    save_tasks(paths.prepared / "heldout.jsonl", s.heldout)
+    with pytest.raises(ContaminationError, match="held-out benchmarks in the training set: \\['gpqa'\\]"):
+        stages._load_tasks(paths)
+    # the same prompt text under another id is caught too (normalised text, not only ids)
+    copy = Task(id="math500/copy", source="math500", prompt=(s.in_distribution[0].prompt[0].upper() + "  ",),
+                grader="math", answer="1")
+    save_tasks(paths.prepared / "train.jsonl", [*s.train, copy])
+    with pytest.raises(ContaminationError, match="same prompt text"):
+        stages._load_tasks(paths)
+
+
+def test_a_judge_outside_the_pool_or_a_missing_judge_is_named(tmp_path):
+    base = yaml.safe_load(open(stages.PROJECT_ROOT / "params.yaml"))
+    bad = {**base, "evaluate": {**base["evaluate"], "judge": "gpt-9"}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match="evaluate.judge: 'gpt-9' is not a pool member"):
+        load_settings(tmp_path / "p.yaml")
+    none = {**base, "evaluate": {**base["evaluate"], "judge": None}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(none))
+    with pytest.raises(ConfigError, match="evaluate.judge: MT-Bench is evaluated"):
+        load_settings(tmp_path / "p.yaml")
+    endpoint = {**base, "evaluate": {**base["evaluate"], "judge": {
+        "name": "gpt-judge", "backend": "openai", "model": "gpt-4", "base_url": "http://127.0.0.1:9/v1"}}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(endpoint))
+    assert load_settings(tmp_path / "p.yaml").evaluate.judge.name == "gpt-judge"
+
+
+def test_the_evaluate_stage_checks_before_calling_a_model(tmp_path, root, monkeypatch):
+    """A missing judge-prompt file is named before any model is built or called."""
+    monkeypatch.setenv("TRINITY_DATA_DIR", str(tmp_path / "no-benchmarks"))
+    settings = load_settings(stages.PROJECT_ROOT / "params.yaml")
+    paths = stages.Paths(tmp_path)
+    s = build_all_splits(root, {"math500": 2}, {}, {"mt_bench": 1}, seed=0)
+    paths.prepared.mkdir(parents=True)
+    for split, name in stages.SPLIT_FILES.items():
+        save_tasks(paths.prepared / name, getattr(s, split))
+    from trinity.evolve.sep_cma import save_checkpoint
+
+    save_checkpoint(paths.checkpoint, np.zeros(4), {"pool": [{"name": m.name} for m in settings.pool.members],
+                                                     "svf_layer": None, "encoder": "x"})
+    built = []
+    monkeypatch.setattr("trinity.pool.runtime.build_pool", lambda *a, **k: built.append(1))
+    with pytest.raises(Exception, match="judge_prompts.jsonl: judge prompts file not found"):
+        stages.evaluate(settings, paths)
+    assert not built
