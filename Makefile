@@ -18,7 +18,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export WANDB_SILENT := true
 
-.PHONY: setup setup-sandbox run test test-slow check-graders bench clean-venv
+.PHONY: setup setup-sandbox run run-full test test-slow check-graders bench clean-venv
 
 setup: $(SETUP_STAMP)
 
@@ -40,14 +40,25 @@ $(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.s
 	$(PY) -m trinity.pool.bundled
 	touch $@
 
-run: setup
+# the evaluation grades BigCodeBench-Hard in the sandbox with its own environment: built once (setup-sandbox)
+run: setup setup-sandbox
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro
 	@echo; cat reports/summary.md
+
+# Every item of every evaluation benchmark (and MATH-500 at every level), as a DVC experiment of the same
+# pipeline: `dvc exp show` compares it with the default run. Sized for API pools or GPU servers: with the
+# embedded pool on 2 CPU cores it would take weeks (MMLU alone has 14,042 items x 6 methods).
+FULL_EVAL := data.math500_max_level=5 \
+	data.in_distribution.math500=-1 data.in_distribution.mmlu=-1 data.in_distribution.livecodebench=-1 \
+	data.heldout.aime=-1 data.heldout.bigcodebench_hard=-1 data.heldout.mt_bench=-1 data.heldout.gpqa=-1
+run-full: setup setup-sandbox
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --name full $(foreach p,$(FULL_EVAL),-S $(p))
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp show --only-changed
 
 test: setup
 	bash scripts/run_tests.sh -m "not slow"
 
-# the BigCodeBench grading environment (Python 3.10 venv with the official eval pins), for the slow tests
+# the BigCodeBench grading environment (Python 3.10 venv with the official eval pins): the evaluation and slow tests
 setup-sandbox: setup
 	bash scripts/setup_sandbox_env.sh
 

@@ -15,13 +15,15 @@ import yaml
 from trinity.config import PROJECT_ROOT, load_settings
 
 TINY = {
-    "data": {"root": "unused", "train": {"math500": 2, "mmlu": 1}, "heldout": {"gsm8k": 2}, "math500_max_level": 1},
+    "data": {"root": "unused", "train": {"math500": 2, "mmlu": 1}, "in_distribution": {"math500": 1},
+             "heldout": {"gsm8k": 2, "mt_bench": 1}, "math500_max_level": 1},
     "pool": {"members": [
         {"name": "smol-a", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 40, "temperature": 0.7},
         {"name": "smol-b", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 24, "temperature": 0.2},
     ]},
     "coordinator": {"max_turns": 2, "thinker_max_tokens": 24, "verifier_max_tokens": 6, "max_encode_tokens": 512},
     "evolve": {"generations": 2, "popsize": 4, "episodes_per_candidate": 2},
+    "evaluate": {"judge": "smol-a", "judge_max_tokens": 24, "bootstrap_resamples": 200},
 }
 
 
@@ -71,15 +73,37 @@ def test_repro_produces_checkpoint_report_and_wandb_run(repo):
     assert meta["n_params"] == (2 + 3) * meta["dim"] and meta["head_shape"] == [5, meta["dim"]]
     assert meta["params_hash"] and meta["encoder"] and [p["name"] for p in meta["pool"]] == ["smol-a", "smol-b"]
     summary = (repo / "reports/summary.md").read_text()
-    for method in ("trinity", "alone:smol-a", "alone:smol-b", "random-routing"):
-        assert f"| {method} |" in summary
+    for method in ("trinity", "alone:smol-a", "alone:smol-b", "random-routing", "oracle:best-single"):
+        assert method in summary
     res = json.loads((repo / "data/eval/results.json").read_text())
-    train = {json.loads(l)["id"] for l in (repo / "data/prepared/train.jsonl").read_text().splitlines()}
-    held = {json.loads(l)["id"] for l in (repo / "data/prepared/heldout.jsonl").read_text().splitlines()}
-    assert held and not (train & held) and res["n_items"] == len(held)
+
+    def ids(name):
+        return {json.loads(l)["id"] for l in (repo / f"data/prepared/{name}.jsonl").read_text().splitlines()}
+
+    train, in_dist, held = ids("train"), ids("in_distribution"), ids("heldout")
+    assert held and in_dist and not (train & (held | in_dist)) and res["n_items"] == len(held | in_dist)
+    assert [(b["name"], b["split"]) for b in res["benchmarks"]] == [
+        ("math500", "in_distribution"), ("gsm8k", "heldout"), ("mt_bench", "heldout")]
+    # MT-Bench was judged by the configured judge, through the store; every verdict is accounted for
+    assert res["judge"]["name"] == "smol-a" and res["judge"]["verdicts"] + res["judge"]["unparseable"] + \
+        res["judge"]["failed"] == 2 * 4  # two conversation turns x four methods
+    rows = [json.loads(l) for l in (repo / "data/eval/episodes.jsonl").read_text().splitlines()]
+    assert {(r["method"], r["task_id"]) for r in rows} == {(m, t) for m in ("trinity", "alone:smol-a", "alone:smol-b",
+                                                                            "random-routing") for t in held | in_dist}
+    for name in ("scores", "usage", "fitness", "score_vs_compute"):
+        assert (repo / f"reports/plots/{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "## " in (repo / "reports/traces.md").read_text()
     runs = list((Path(env["WANDB_DIR"]) / "wandb").glob("offline-run-*"))
     assert len(runs) >= 5 and all(list(r.glob("*.wandb")) for r in runs)
     assert (repo / "data/exports/responses.parquet").exists()
+    # DVC reads the same results: the top-level metrics and plots
+    r = subprocess.run(["dvc", "metrics", "show", "--json"], cwd=repo, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    shown = json.dumps(json.loads(r.stdout))
+    assert "avg_heldout" in shown and "random-routing" in shown and "saved_fitness" in shown
+    _sh(["dvc", "plots", "show", "-o", str(repo / "dvc_plots")], repo, env)
+    assert (repo / "dvc_plots/index.html").exists()
 
 
 def test_second_repro_runs_nothing(repo):
@@ -96,7 +120,8 @@ def test_forced_rerun_of_a_finished_stage_resumes_it(repo):
     after = json.loads((repo / "data/checkpoints/coordinator.json").read_text())
     assert after["saved_fitness"] == first["saved_fitness"] and after["run_fingerprint"] == first["run_fingerprint"]
     _sh(["dvc", "repro", "-f", "-s", "evaluate"], repo, env)
-    assert json.loads((repo / "data/eval/results.json").read_text())["pool_calls"] == 0
+    res = json.loads((repo / "data/eval/results.json").read_text())
+    assert res["pool_calls"] == 0 and res["judge"]["calls_new"] == 0  # the judge's verdicts come from the store
 
 
 def test_evolve_param_change_reruns_evolve_and_downstream_only(repo):

@@ -81,7 +81,23 @@ def _grade():
 SPLIT_FILES = {"train": "train.jsonl", "in_distribution": "in_distribution.jsonl", "heldout": "heldout.jsonl"}
 
 
-def prepare(settings: Settings, paths: Paths = Paths()) -> dict:
+ARTIFACTS = {"prepared": ("prepared-data", "dataset"), "checkpoint": ("coordinator", "model"),
+             "eval": ("eval-results", "evaluation")}
+"""W&B artifacts of the pipeline (name, type): prepared data → checkpoint → eval results (the lineage)."""
+
+
+def _lineage(tracker, uses: tuple[str, ...] = (), logs: str | None = None, files: list[Path] = (),
+             metadata: dict | None = None) -> None:
+    """Record in the stage's W&B run which artifacts it consumed and the one it produced."""
+    if tracker is None:
+        return
+    for key in uses:
+        tracker.use_artifact(*ARTIFACTS[key])
+    if logs is not None:
+        tracker.log_artifact(*ARTIFACTS[logs], [p for p in files if p.exists()], metadata=metadata)
+
+
+def prepare(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     from trinity.data.splits import build_all_splits, save_tasks
 
     d = settings.data
@@ -93,6 +109,8 @@ def prepare(settings: Settings, paths: Paths = Paths()) -> dict:
     summary = {split: len(getattr(splits, split)) for split in SPLIT_FILES}
     summary |= {f"{split}_sources": sorted({t.source for t in getattr(splits, split)}) for split in SPLIT_FILES}
     _write_json(paths.prepared / "summary.json", summary)
+    _lineage(tracker, logs="prepared", files=[paths.prepared / n for n in (*SPLIT_FILES.values(), "summary.json")],
+             metadata=summary)
     return summary
 
 
@@ -223,6 +241,8 @@ def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
                    "transient_failures": pool.stats.transient_failures,
                    "n_params": layout.n_params, "svf_params": layout.n_svf}
         _write_json(paths.evolve_dir / "metrics.json", metrics)
+    _lineage(tracker, uses=("prepared",), logs="checkpoint",
+             files=[paths.checkpoint.with_suffix(".npy"), paths.checkpoint.with_suffix(".json")], metadata=metrics)
     return metrics
 
 
@@ -327,6 +347,9 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
         from trinity.tracking import log_eval_results
 
         log_eval_results(tracker, out, None)
+    _lineage(tracker, uses=("prepared", "checkpoint"), logs="eval",
+             files=[paths.eval_dir / n for n in ("results.json", "metrics.json", "episodes.jsonl")],
+             metadata={"averages": out["averages"], "checkpoint": out["checkpoint"]})
     return _eval_metrics(out)
 
 
@@ -353,10 +376,10 @@ def report(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     written = write_report(paths.eval_dir, paths.evolve_dir, paths.checkpoint.with_suffix(".json"), paths.reports)
     with Store(paths.store, read_only=True) as store:  # a reader: works while another process writes the store
         store.export_parquet(paths.exports)
-    if tracker is not None:
-        from trinity.tracking import log_eval_results
-
-        log_eval_results(tracker, json.loads((paths.eval_dir / "results.json").read_text()), paths.reports / "plots")
+    if tracker is not None:  # the tables were logged by the evaluate stage's run; the report's run shows the plots
+        for name, p in written.items():
+            if p.suffix == ".png":
+                tracker.image(f"plots/{name}", p)
     return {name: str(p) for name, p in written.items()}
 
 
@@ -522,7 +545,7 @@ def _write_ablation_report(res: dict, path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ dispatch
 STAGES = ("prepare", "encode", "evolve", "evaluate", "report", "ablation")
-_TRACKED = frozenset({"evolve", "evaluate", "report", "ablation"})
+_TRACKED = frozenset({"prepare", "evolve", "evaluate", "report", "ablation"})
 """Stages that log per-generation / per-method metrics to the tracker while they run."""
 
 
