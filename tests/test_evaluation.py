@@ -231,3 +231,28 @@ def test_the_evaluate_stage_checks_before_calling_a_model(tmp_path, root, monkey
     with pytest.raises(Exception, match="judge_prompts.jsonl: judge prompts file not found"):
         stages.evaluate(settings, paths)
     assert not built
+
+
+def test_the_full_profile_overrides_existing_keys_to_every_item(root):
+    """`make run-full` sets params with `dvc exp run -S`: every key it sets exists in params.yaml (DVC would add a
+    misspelt key silently; the settings check would then reject it), and the result validates."""
+    import re
+
+    text = (stages.PROJECT_ROOT / "Makefile").read_text()
+    block = re.search(r"^FULL_EVAL := (.*?)\n(?!\t)", text, re.S | re.M).group(1)
+    overrides = re.findall(r"([\w.]+)=(-?\d+)", block)
+    params = yaml.safe_load((stages.PROJECT_ROOT / "params.yaml").read_text())
+    for key, value in overrides:
+        *parents, leaf = key.split(".")
+        node = params
+        for p in parents:
+            node = node[p]
+        assert leaf in node, f"Makefile FULL_EVAL sets {key}, which params.yaml does not have"
+        node[leaf] = int(value)
+    full = Settings.model_validate(params)
+    evaluated = {**full.data.in_distribution, **full.data.heldout}
+    assert set(evaluated.values()) == {-1} and full.data.math500_max_level == 5
+    assert set(evaluated) == set(load_settings(stages.PROJECT_ROOT / "params.yaml").data.in_distribution) | set(
+        load_settings(stages.PROJECT_ROOT / "params.yaml").data.heldout)
+    s = build_all_splits(root, {"math500": 3}, {}, {"aime": -1, "gpqa": -1}, seed=0)
+    assert {t.source: 0 for t in s.heldout} and len(s.heldout) == 60 + 198

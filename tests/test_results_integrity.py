@@ -476,15 +476,21 @@ def _report_inputs(paths) -> None:
     """The smallest real inputs of the report stage."""
     import json
 
+    from trinity.coordinator.roles import make_turn
+    from trinity.evaluation import EvalRun, ItemResult, summarise
+
     paths.eval_dir.mkdir(parents=True)
     paths.evolve_dir.mkdir(parents=True)
     paths.checkpoint.parent.mkdir(parents=True)
-    row = {"accuracy": 0.0, "n": 1, "mean_turns": 1.0, "calls": 0, "cost_usd": 0.0}
-    (paths.eval_dir / "results.json").write_text(json.dumps({"heldout": ["gsm8k"], "n_items": 1, "methods": [
-        {"method": "trinity", **row}, {"method": "alone:a", **row}]}))
+    items = [ItemResult(method=m, task=TASK, split="heldout", score=0.0, answer="7", path=[["0", "worker"]],
+                        turns=[(1, make_turn("a", Role.WORKER, "it is \\boxed{7}", True))])
+             for m in ("trinity", "alone:a")]
+    results = summarise(EvalRun(items, {}, {}, 1.0), ["a"], resamples=100, seed=0)
+    (paths.eval_dir / "results.json").write_text(json.dumps(results))
+    (paths.eval_dir / "episodes.jsonl").write_text("".join(json.dumps(i.row()) + "\n" for i in items))
     paths.checkpoint.with_suffix(".json").write_text(json.dumps({
         "pool": [{"name": "a"}], "encoder": "hash-encoder", "head_shape": [4, 8], "generations": 1, "seed": 0,
-        "method": "sep_cma", "saved_fitness_episodes": 2}))
+        "method": "sep_cma", "saved_fitness_episodes": 2, "run_fingerprint": "f" * 64, "code_version": "c" * 64}))
     (paths.evolve_dir / "history.json").write_text(json.dumps([{
         "generation": 0, "saved_fitness": 0.1, "saved_accuracy": 0.0, "mean_fitness": 0.05,
         "best_candidate_fitness": 0.2, "sigma": 0.03, "calls_made": 1, "store_hits": 0, "episodes": 2}]))
@@ -516,7 +522,7 @@ def test_readers_work_while_a_writer_holds_the_store(tmp_path):
         with Store.open_or_read(db) as shared:  # `trinity ask`'s way in
             assert shared.read_only
         out = stages.report(settings(), paths)  # the report stage, a reader, while the writer runs
-        assert out.exists()
+        assert Path(out["summary"]).exists()
         import pyarrow.parquet as pq
 
         assert set(pq.read_table(paths.exports / "responses.parquet").column("key").to_pylist()) == {"k", "late"}

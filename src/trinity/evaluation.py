@@ -218,7 +218,7 @@ async def _judge_items(items: list[ItemResult], answers: dict[str, tuple[str, ..
     """FastChat single-answer grading of every conversation turn; the item's score is the mean of the turns the
     judge rated (FastChat's average over valid judgements); none rated → unscored, with the reasons."""
     jobs = [(item, k) for item in items for k in range(1, len(answers[item.task.id]) + 1)]
-    verdicts = await asyncio.gather(*(judge.judge_turn(item.task, answers[item.task.id], k) for item, k in jobs))
+    verdicts = await judge.judge_turns([(item.task, answers[item.task.id], k) for item, k in jobs])
     for (item, k), v in zip(jobs, verdicts):
         item.judge.append({"turn": k, "score": v.score, "error": v.error, "prompt": v.prompt_name, "raw": v.raw})
     for item in items:

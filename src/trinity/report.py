@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from trinity.coordinator.roles import ROLES
+from trinity.stats import MIN_ITEMS_FOR_OUTCOME
 
 ROLE_NAMES = tuple(role.value for role in ROLES)
 """Columns of the usage heatmap, in the order of the head's role logits."""
@@ -284,12 +285,21 @@ def _outcome_sentence(label: str, comparisons: list[tuple[dict, dict]]) -> str:
         detail = score_text(c.get("diff"), None, benchmark["scale"], signed=True)
         if name_opponent:
             detail += f" vs `{c['b']}`"
-        by_outcome.setdefault(c["outcome"], []).append(f"{benchmark['name']} ({detail})")
+        outcome = c["outcome"]
+        if outcome == "too few items":  # no call at this size: say which way the point estimate points
+            diff = c.get("diff") or 0.0
+            outcome = "behind" if diff < 0 else "ahead" if diff > 0 else "level"
+        by_outcome.setdefault(outcome, []).append(f"{benchmark['name']} ({detail})")
     parts = [f"{outcome} on {_join(by_outcome[outcome])}" for outcome in ("wins", "ties") if outcome in by_outcome]
     if "loses" in by_outcome:
         parts.append(f"**loses on {_join(by_outcome['loses'])}**")
-    else:
+    elif len(by_outcome.keys() - {"ahead", "behind", "level", "no data"}):
         parts.append("loses on none")
+    too_few = [f"{word} on {_join(by_outcome[key])}" for key, word in
+               (("ahead", "is ahead"), ("behind", "**is behind**"), ("level", "is level")) if key in by_outcome]
+    if too_few:
+        parts.append("on the point estimate only (too few paired items to call a win or a loss) it "
+                     + ", ".join(too_few))
     if "no data" in by_outcome:
         parts.append(f"has no data on {_join(by_outcome['no data'])}")
     return f"Against the {label}, the coordinator " + "; ".join(parts) + "."
@@ -328,7 +338,9 @@ def reading(results: dict) -> str:
         sentences.append("There is no paired comparison to read.")
     sentences += [s for key, label, _ in SPLITS if (s := _averages_sentence(results, key, label))]
     sentences.append("Wins and losses are per benchmark: the paired 95% interval of the difference lies above or "
-                     f"below 0; with n < {_small_sample_below(results)} items most differences read as ties.")
+                     f"below 0; with n < {_small_sample_below(results)} items most differences read as ties, and with "
+                     f"fewer than {MIN_ITEMS_FOR_OUTCOME} paired items none is called (even if every item went the same "
+                     "way, a sign test could not tell at the 5% level).")
     return "**Reading it.** " + " ".join(sentences)
 
 

@@ -364,9 +364,6 @@ def _eval_metrics(res: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ report
-_METHOD_NAMES = {"sep_cma": "sep-CMA-ES", "reinforce": "REINFORCE", "random_search": "random search"}
-
-
 def report(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     """reports/summary.md, reports/plots/*.png and reports/traces.md from the run's own files (trinity.report),
     and the store exported to Parquet."""
@@ -500,6 +497,8 @@ def ablation(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
 
 
 def _write_ablation_report(res: dict, path: Path) -> None:
+    from trinity.report import OPTIMISER_NAMES as _METHOD_NAMES
+
     lines = [
         "# Trinity — optimiser ablation", "",
         f"Same head ({res['head_shape'][0]} x {res['head_shape'][1]}"

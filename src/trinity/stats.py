@@ -12,6 +12,9 @@ from typing import Sequence
 import numpy as np
 
 N_RESAMPLES = 2000
+MIN_ITEMS_FOR_OUTCOME = 5
+"""Fewer paired items cannot show a difference at the 5% level even when every item goes the same way (a sign
+test: 0.5**4 > 0.05), while their percentile bootstrap interval collapses to a point: no outcome is called."""
 SMALL_SAMPLE = 30
 """Below this many items an interval is labelled a small sample: a 95% bootstrap interval on a handful of items
 is wide and itself unreliable (the percentile bootstrap under-covers at small n)."""
@@ -66,9 +69,12 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, n_resamples: int
 
 
 def compare(interval: Interval) -> str:
-    """'wins' when the paired interval of (coordinator - other) lies above 0, 'loses' below, else 'ties'."""
+    """'wins' when the paired interval of (coordinator - other) lies above 0, 'loses' below, else 'ties';
+    'too few items' below MIN_ITEMS_FOR_OUTCOME paired items (the point estimate is still reported)."""
     if interval.n == 0 or np.isnan(interval.low):
         return "no data"
+    if interval.n < MIN_ITEMS_FOR_OUTCOME:
+        return "too few items"
     if interval.low > 0:
         return "wins"
     if interval.high < 0:

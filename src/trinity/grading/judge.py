@@ -127,8 +127,17 @@ class MTBenchJudge:
         return name, [ChatMessage("system", p.system_prompt), ChatMessage("user", p.prompt_template.format(**fields))]
 
     async def judge_turn(self, task: Task, answers: Sequence[str], turn: int) -> JudgeVerdict:
-        name, msgs = self.messages(task, answers, turn)
-        resp = await self.pool.complete(self.idx, msgs, JUDGE_ROLE)
+        return (await self.judge_turns([(task, answers, turn)]))[0]
+
+    async def judge_turns(self, jobs: Sequence[tuple[Task, Sequence[str], int]]) -> list[JudgeVerdict]:
+        """Judge many (task, answers, turn) at once: one batch of pool requests (stored ones cost nothing; a long
+        batch of new calls reports its progress)."""
+        prompts = [self.messages(task, answers, turn) for task, answers, turn in jobs]
+        requests = [(self.idx, JUDGE_ROLE, self.pool.key(self.idx, msgs, JUDGE_ROLE), msgs) for _, msgs in prompts]
+        replies = await self.pool.complete_many(requests)
+        return [self._verdict(task, turn, name, resp) for (task, _, turn), (name, _), resp in zip(jobs, prompts, replies)]
+
+    def _verdict(self, task: Task, turn: int, name: str, resp) -> JudgeVerdict:
         if not resp.ok:
             self.failed += 1
             return JudgeVerdict(task.id, turn, name, None, resp.text, f"judge call failed: {resp.error}")
