@@ -101,7 +101,7 @@ def test_repro_produces_checkpoint_report_and_wandb_run(repo):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     shown = json.dumps(json.loads(r.stdout))
-    assert "avg_heldout" in shown and "random-routing" in shown and "saved_fitness" in shown
+    assert "avg_in_distribution" in shown and "random-routing" in shown and "saved_fitness" in shown
     _sh(["dvc", "plots", "show", "-o", str(repo / "dvc_plots")], repo, env)
     assert (repo / "dvc_plots/index.html").exists()
 
