@@ -307,3 +307,19 @@ def test_a_missing_input_names_the_file_and_the_stage_that_writes_it(tmp_path, m
     with pytest.raises(FileNotFoundError, match=rf"{Path(missing).name}.*`{stage}` stage"):
         report.write_report(**inputs)
     assert not inputs["reports_dir"].exists()  # nothing half-written
+
+
+def test_reading_calls_no_outcome_on_too_few_items_but_says_which_way_the_estimate_points():
+    results = {
+        "benchmarks": [{"name": "aime", "split": "heldout", "metric": "accuracy", "scale": 1.0, "n": 2},
+                       {"name": "gpqa", "split": "heldout", "metric": "accuracy", "scale": 1.0, "n": 2}],
+        "methods": [{"method": "trinity", "kind": "coordinator"}], "averages": {}, "scores": {},
+        "paired": {"aime": [{"a": "trinity", "b": "alone:x", "label": "best single member", "diff": -0.5,
+                             "ci95": [-1.0, 0.0], "n": 2, "small_sample": True, "outcome": "too few items"}],
+                   "gpqa": [{"a": "trinity", "b": "alone:x", "label": "best single member", "diff": 0.5,
+                             "ci95": [0.0, 1.0], "n": 2, "small_sample": True, "outcome": "too few items"}]},
+        "bootstrap": {"small_sample_below": 30}}
+    text = report.reading(results)
+    assert ("Against the best single member, on the point estimate only (too few paired items to call a win or a "
+            "loss), the coordinator is ahead on gpqa (+0.500); **is behind** on aime (-0.500).") in text
+    assert "loses on none" not in text and "fewer than 5 paired items none is called" in text

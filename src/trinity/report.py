@@ -290,19 +290,21 @@ def _outcome_sentence(label: str, comparisons: list[tuple[dict, dict]]) -> str:
             diff = c.get("diff") or 0.0
             outcome = "behind" if diff < 0 else "ahead" if diff > 0 else "level"
         by_outcome.setdefault(outcome, []).append(f"{benchmark['name']} ({detail})")
-    parts = [f"{outcome} on {_join(by_outcome[outcome])}" for outcome in ("wins", "ties") if outcome in by_outcome]
+    called = [f"{outcome} on {_join(by_outcome[outcome])}" for outcome in ("wins", "ties") if outcome in by_outcome]
     if "loses" in by_outcome:
-        parts.append(f"**loses on {_join(by_outcome['loses'])}**")
-    elif len(by_outcome.keys() - {"ahead", "behind", "level", "no data"}):
-        parts.append("loses on none")
-    too_few = [f"{word} on {_join(by_outcome[key])}" for key, word in
-               (("ahead", "is ahead"), ("behind", "**is behind**"), ("level", "is level")) if key in by_outcome]
-    if too_few:
-        parts.append("on the point estimate only (too few paired items to call a win or a loss) it "
-                     + ", ".join(too_few))
+        called.append(f"**loses on {_join(by_outcome['loses'])}**")
+    elif called:
+        called.append("loses on none")
     if "no data" in by_outcome:
-        parts.append(f"has no data on {_join(by_outcome['no data'])}")
-    return f"Against the {label}, the coordinator " + "; ".join(parts) + "."
+        called.append(f"has no data on {_join(by_outcome['no data'])}")
+    point = [f"{word} on {_join(by_outcome[key])}" for key, word in
+             (("ahead", "is ahead"), ("behind", "**is behind**"), ("level", "is level")) if key in by_outcome]
+    sentences = [f"Against the {label}, the coordinator " + "; ".join(called) + "."] if called else []
+    if point:
+        lead = "On the point estimate only" if called else f"Against the {label}, on the point estimate only"
+        sentences.append(f"{lead} (too few paired items to call a win or a loss), the coordinator "
+                         + "; ".join(point) + ".")
+    return " ".join(sentences)
 
 
 def _averages_sentence(results: dict, split: str, split_label: str) -> str | None:
