@@ -114,7 +114,7 @@ def test_an_unparseable_judgement_is_counted_never_scored(tmp_path):
         run, _, _, judge = _run(store, ScriptedJudge("none", "none"), {"heldout": [MT]}, methods=["alone:good"])
         item = run.items[0]
         assert item.score is None and item.error.startswith("judge gave no rating")
-        table = summarise(run, ["good", "bad"], resamples=200, seed=0)
+        table = summarise(run, resamples=200, seed=0)
         cell = table["scores"]["alone:good"]["mt_bench"]
         assert cell["score"] is None and cell["n"] == 0 and cell["unscored"] == 1
 
@@ -134,7 +134,7 @@ def test_a_rerun_pays_nothing_not_even_the_judge(tmp_path):
 def test_the_table_oracle_and_paired_intervals(tmp_path):
     with Store(tmp_path / "s.duckdb") as store:
         run, *_ = _run(store, ScriptedJudge(), {"in_distribution": MATH, "heldout": [MT]})
-    t = summarise(run, ["good", "bad"], resamples=500, seed=0)
+    t = summarise(run, resamples=500, seed=0)
     assert [b["name"] for b in t["benchmarks"]] == ["math500", "mt_bench"]
     assert t["benchmarks"][1] | {} == {"name": "mt_bench", "split": "heldout", "metric": "judge score (1-10)",
                                        "scale": 10.0, "n": 1}

@@ -485,7 +485,7 @@ def _report_inputs(paths) -> None:
     items = [ItemResult(method=m, task=TASK, split="heldout", score=0.0, answer="7", path=[["0", "worker"]],
                         turns=[(1, make_turn("a", Role.WORKER, "it is \\boxed{7}", True))])
              for m in ("trinity", "alone:a")]
-    results = summarise(EvalRun(items, {}, {}, 1.0), ["a"], resamples=100, seed=0)
+    results = summarise(EvalRun(items, {}, 1.0), resamples=100, seed=0)
     (paths.eval_dir / "results.json").write_text(json.dumps(results))
     (paths.eval_dir / "episodes.jsonl").write_text("".join(json.dumps(i.row()) + "\n" for i in items))
     paths.checkpoint.with_suffix(".json").write_text(json.dumps({

@@ -95,8 +95,7 @@ class ItemResult:
 class EvalRun:
     items: list[ItemResult]
     calls: dict[tuple[str, str], dict]
-    """(method, benchmark) → new calls, failed calls, store hits while that method ran on that benchmark."""
-    judge_stats: dict
+    """(method, benchmark) → new calls and failed calls while that method ran on that benchmark."""
     wall_s: float
 
 
@@ -176,20 +175,22 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[T
             done = asyncio.run(_run_method(method, player(method), ts, split, grade, judge))
             items += done
             new = pool.stats.calls_made - s0[0]
-            calls[(method, bench)] = {"calls_new": new, "failed_calls": pool.stats.failures - s0[1],
-                                      "store_hits": pool.stats.store_hits - s0[2]}
+            calls[(method, bench)] = {"calls_new": new, "failed_calls": pool.stats.failures - s0[1]}
             progress.report(bench, method, len(ts), new, pool.stats.store_hits - s0[2], time.monotonic() - t0)
-    judge_stats = judge.stats() if judge is not None else {}
-    return EvalRun(items, calls, judge_stats, time.monotonic() - t_all)
+    return EvalRun(items, calls, time.monotonic() - t_all)
+
+
+def _conversation_turns(task: Task) -> int:
+    """How many user turns a method answers: every prompt of a judged conversation (MT-Bench), else one."""
+    return len(task.prompt) if task.grader == "judge" else 1
 
 
 async def _run_method(method: str, play, tasks: Sequence[Task], split: str, grade, judge) -> list[ItemResult]:
     """One method on one benchmark's items: every conversation turn in order, then the grade or the judge."""
-    n_conv = max(len(t.prompt) if t.grader == "judge" else 1 for t in tasks)
     answers: dict[str, tuple[str, ...]] = {t.id: () for t in tasks}
     record: dict[str, list[tuple[int, Transcript]]] = {t.id: [] for t in tasks}
-    for k in range(1, n_conv + 1):
-        asked = [t for t in tasks if k <= (len(t.prompt) if t.grader == "judge" else 1)]
+    for k in range(1, max(map(_conversation_turns, tasks)) + 1):
+        asked = [t for t in tasks if k <= _conversation_turns(t)]
         transcripts = await play([t.follow_up(k, answers[t.id]) if t.grader == "judge" else t for t in asked])
         for t, tr in zip(asked, transcripts):
             record[t.id].append((k, tr))
@@ -230,7 +231,7 @@ async def _judge_items(items: list[ItemResult], answers: dict[str, tuple[str, ..
 
 
 # ------------------------------------------------------------------------------------------ the table
-def summarise(run: EvalRun, pool_names: Sequence[str], *, resamples: int, seed: int) -> dict:
+def summarise(run: EvalRun, *, resamples: int, seed: int) -> dict:
     """The results table (docs/eval_results_schema.md): per method and benchmark the score with its 95% bootstrap
     interval and the compute per task; averages; the oracle row; paired bootstraps of the coordinator against
     the best single member and against random routing on the same items."""

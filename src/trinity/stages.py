@@ -314,7 +314,7 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
                           "in_pool": judge_in_pool, "max_tokens": ev.judge_max_tokens, **judge.stats(),
                           "note": LOCAL_JUDGE_NOTE.format(name=judge_settings.name)
                           if judge_settings.backend == "local" else None}
-        out = summarise(run, pool.names, resamples=ev.bootstrap_resamples, seed=ev.seed)
+        out = summarise(run, resamples=ev.bootstrap_resamples, seed=ev.seed)
         out |= {
             "judge": judge_info,
             "seeds": {"data": settings.data.seed, "evolve": settings.evolve.seed, "evaluate": ev.seed,
@@ -342,7 +342,8 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
             f.write(json.dumps(item.row(), default=str) + "\n")
     tmp.replace(paths.eval_dir / "episodes.jsonl")
     _write_json(paths.eval_dir / "results.json", out)
-    _write_json(paths.eval_dir / "metrics.json", _eval_metrics(out))
+    metrics = _eval_metrics(out)
+    _write_json(paths.eval_dir / "metrics.json", metrics)
     if tracker is not None:
         from trinity.tracking import log_eval_results
 
@@ -350,7 +351,7 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     _lineage(tracker, uses=("prepared", "checkpoint"), logs="eval",
              files=[paths.eval_dir / n for n in ("results.json", "metrics.json", "episodes.jsonl")],
              metadata={"averages": out["averages"], "checkpoint": out["checkpoint"]})
-    return _eval_metrics(out)
+    return metrics
 
 
 def _eval_metrics(res: dict) -> dict:
@@ -497,7 +498,7 @@ def ablation(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
 
 
 def _write_ablation_report(res: dict, path: Path) -> None:
-    from trinity.report import OPTIMISER_NAMES as _METHOD_NAMES
+    from trinity.report import OPTIMISER_NAMES
 
     lines = [
         "# Trinity — optimiser ablation", "",
@@ -511,7 +512,7 @@ def _write_ablation_report(res: dict, path: Path) -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for r in res["methods"]:
-        name = _METHOD_NAMES.get(r["method"], r["method"])
+        name = OPTIMISER_NAMES.get(r["method"], r["method"])
         if "skipped" in r:
             lines.append(f"| {name} | — | — | — | — | — | skipped: {r['skipped']} |")
             continue
@@ -529,7 +530,7 @@ def _write_ablation_report(res: dict, path: Path) -> None:
         "Paper (LiveCodeBench): REINFORCE .253 < random search .374 < sep-CMA-ES .615.",
         "",
         "## Fitness per generation (saved vector / candidates mean / best candidate)", "",
-        "| generation | " + " | ".join(_METHOD_NAMES.get(r["method"], r["method"]) for r in res["methods"]) + " |",
+        "| generation | " + " | ".join(OPTIMISER_NAMES.get(r["method"], r["method"]) for r in res["methods"]) + " |",
         "|---|" + "---|" * len(res["methods"]),
     ]
     for g in range(res["generations"]):

@@ -37,11 +37,11 @@ def grade(task: Task, answer_text: str | None) -> float:
 def preflight(tasks) -> None:
     """Fail before any model is called when a task could not be graded here: a code benchmark whose sandbox is
     missing (BigCodeBench needs its own venv: scripts/setup_sandbox_env.sh) raises SandboxUnavailable."""
-    tasks = list(tasks)
-    if any(t.grader == "code" for t in tasks):
+    code_tasks = [t for t in tasks if t.grader == "code"]
+    if code_tasks:
         from trinity.grading.code import code_kind, default_sandbox
 
-        for kind in {code_kind(t) for t in tasks if t.grader == "code"}:
+        for kind in {code_kind(t) for t in code_tasks}:
             default_sandbox(kind)
 
 
