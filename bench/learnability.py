@@ -1,0 +1,151 @@
+"""Learnability: does the training machinery learn a routing whose answer is known?
+
+The known-answer problem (src/trinity/evolve/known_answer.py): arithmetic, multiple-choice and code tasks, and a
+scripted pool of four members — one expert per family (right on its family, plausibly wrong elsewhere) and one
+that answers nothing; as Verifiers they accept a right answer with probability 0.9 and a wrong one with 0.2.
+The oracle router (each task to its family's expert) scores 1.0; any single member alone 1/3.
+
+Real: the coordinator LM (the project's encoder, params.yaml coordinator.*), the head, the episode loop, the
+reward shaping (params.yaml reward.*), the optimisers at params.yaml's σ0/lr, the math/choice graders and the
+code sandbox. Scripted: only the pool's replies (instant; no LLM is called).
+
+Each method (sep-CMA-ES, REINFORCE, random search) trains at the same budget — generations x popsize x tasks per
+generation episodes, the same tasks and episode seeds — and after every generation the vector it would save
+(argmax policy, as the product evaluates it) is scored on held-out tasks of the same families (other draws).
+Reported: held-out accuracy as a fraction of the oracle's (goal >= 0.9 for the paper's method), generations to
+reach 90 %, the best single member and random routing (the zero head, sampled: uniform picks), same run.
+
+Usage: .venv/bin/python bench/learnability.py [--generations 30] [--tasks-per-generation 16] [--train 20]
+       [--heldout 20] [--methods sep_cma,reinforce,random_search]   (defaults: the full run, ~10 min on 2 cores)
+Last line: one JSON object (DESIGN.md's bench format).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import numpy as np  # noqa: E402
+
+
+def _cpu_kind() -> str:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+        model = next((ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name")), "?")
+        bf16 = "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        model, bf16 = platform.processor() or "?", False
+    return f"{model}, {os.cpu_count()} cores, {'bf16-capable' if bf16 else 'no native bf16'}"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: int, methods: list[str],
+        popsize: int | None = None, params: Path = ROOT / "params.yaml", encoder=None, seed: int = 0,
+        log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+    from trinity.config import load_settings
+    from trinity.coordinator.episode import RolloutTrees, StateCache
+    from trinity.evolve import known_answer as ka
+    from trinity.evolve.sep_cma import default_popsize, param_layout
+    from trinity.grading import grade
+    from trinity.stages import make_encoder
+
+    t_start = time.perf_counter()
+    base = ka.known_answer_settings(load_settings(params), generations=generations, seed=seed,
+                                    episodes_per_candidate=tasks_per_generation, popsize=popsize)
+    train = ka.make_tasks(n_train, seed, "train")
+    heldout = ka.make_tasks(n_heldout, seed, "heldout")
+    assert not {t.query for t in train} & {t.query for t in heldout}, "held-out queries drawn into training"
+    pool = ka.make_pool(train + heldout)
+    encoder = encoder if encoder is not None else make_encoder(base)
+    states = StateCache(encoder, store=None)
+    trees = RolloutTrees()  # shared by every method: same replies, same transcripts (states encoded once)
+    layout = param_layout(base, len(pool), states)
+    popsize = base.evolve.popsize or default_popsize(layout.n_params)
+
+    oracle = ka.oracle_accuracy(heldout, grade)
+    single = ka.single_member_accuracy(heldout, grade)
+    zero = np.zeros((len(pool) + 3, states.dim))
+    rand = ka.score_policy(zero, heldout, pool, states, base, grade, trees, samples=8, seed=seed)
+    log(f"[learnability] oracle {oracle:.3f} · best single {max(single.values()):.3f} · random routing "
+        f"{rand.accuracy:.3f} · {len(train)} train / {len(heldout)} held-out tasks · popsize {popsize} · "
+        f"{tasks_per_generation} tasks/gen · {generations} generations · encoder {getattr(encoder, 'encoder_id', '?')}")
+
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for method in methods:
+            s = ka.known_answer_settings(base, method=method)
+
+            def progress(p, _m=method):
+                log(f"[learnability:{_m}] gen {p['generation']}/{generations} · mean fitness {p['mean_fitness']:.3f}"
+                    f" · saved {p['saved_fitness']:.3f} · held-out acc {p['heldout_accuracy']:.3f} "
+                    f"({p['heldout_turns']:.2f} turns) · models {p['model_usage']} · roles {p['role_usage']} · "
+                    f"{p['wall_s']:.0f}s · states encoded {states.encoded}")
+
+            out = ka.train_method(s, train, heldout, pool, states, grade, trees, Path(tmp), on_generation=progress)
+            curve = out["curve"]
+            reach = next((p["generation"] for p in curve if p["heldout_accuracy"] >= 0.9 * oracle), None)
+            final = out["final"]
+            results[method] = {
+                "heldout_accuracy": final.accuracy, "fraction_of_oracle": round(final.accuracy / oracle, 4),
+                "generations_to_90pct": reach, "heldout_turns": final.mean_turns, "model_usage": final.model_usage,
+                "role_usage": final.role_usage, "curve": curve}
+    first = methods[0]
+    return {
+        "name": "learnability", "figure": results[first]["fraction_of_oracle"],
+        "unit": f"held-out accuracy of the trained coordinator ({first}, argmax) / the oracle router's",
+        "goal": ">= 0.9",
+        "compared_to": "the oracle router (each task to its family's expert), every single member alone, random "
+                       "routing (zero head, sampled, 8 episodes per task) and the other optimisers at the same episode "
+                       "budget, same run",
+        "detail": {
+            "oracle_accuracy": oracle, "single_member_accuracy": single,
+            "best_single_fraction_of_oracle": round(max(single.values()) / oracle, 4),
+            "random_routing_accuracy": rand.accuracy,
+            "random_routing_fraction_of_oracle": round(rand.accuracy / oracle, 4),
+            "methods": results,
+            "budget": {"generations": generations, "popsize": popsize, "tasks_per_generation": tasks_per_generation,
+                       "episodes_per_method": generations * popsize * min(tasks_per_generation, len(train))},
+            "tasks": {"train": len(train), "heldout": len(heldout), "families": list(ka.FAMILIES)},
+            "settings": {"sigma0": base.evolve.sigma0, "reinforce_lr": base.evolve.reinforce_lr,
+                         "max_turns": base.coordinator.max_turns, "reward": base.reward.model_dump(),
+                         "encoder": getattr(encoder, "encoder_id", "?")},
+            "pool_calls": pool.stats.calls_made, "states_encoded": states.encoded,
+            "wall_s": round(time.perf_counter() - t_start, 1), "commit": _commit(), "cpu": _cpu_kind()},
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--generations", type=int, default=30)
+    ap.add_argument("--tasks-per-generation", type=int, default=16)
+    ap.add_argument("--train", type=int, default=20, help="training tasks per family")
+    ap.add_argument("--heldout", type=int, default=20, help="held-out tasks per family")
+    ap.add_argument("--popsize", type=int, default=None, help="default: params.yaml evolve.popsize (null: pycma's)")
+    ap.add_argument("--methods", default="sep_cma,reinforce,random_search")
+    ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    res = run(a.generations, a.tasks_per_generation, a.train, a.heldout, a.methods.split(","), popsize=a.popsize,
+              params=a.params, seed=a.seed)
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""A known-answer problem for the training machinery: a scripted pool whose competence is known by construction.
+
+Three task families the encoder can tell apart — arithmetic (graded by the math grader), multiple choice (the
+choice grader) and code (assert tests run in the real sandbox) — and four scripted members:
+
+- `arith-expert`, `choice-expert`, `code-expert` each answer their own family correctly and every other
+  family wrongly (a plausible wrong answer in the right format: graders see real text);
+- `mute` answers nothing ("I am not sure."), as Worker, Thinker and Verifier.
+
+As Verifier every member but `mute` accepts a correct answer with probability `accept_correct` and a wrong
+one with probability `accept_wrong` (decided by a hash of member, task and answer: deterministic, so the
+rollout trees stay memoised). As Thinker they suggest a plan and hand over to a Worker.
+
+So the oracle router (for each task, its family's expert as Worker) scores 1.0, every single member alone
+1/3 (one family in three), and a coordinator that has learnt the families routes each to its expert. What is
+real: the encoder reading the transcripts, the head, the episode loop and its reward shaping, the optimisers,
+the graders. What is scripted: only the pool's replies, which are instant (no LLM is called).
+
+`run_comparison` trains each optimiser at the same episode budget and scores the saved vector (argmax
+policy, as evaluated) on held-out tasks of the same families after every generation (bench/learnability.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from trinity.records import ChatResponse, Task
+
+FAMILIES = ("arithmetic", "choice", "code")
+EXPERTS = {"arithmetic": "arith-expert", "choice": "choice-expert", "code": "code-expert"}
+MEMBERS = ("arith-expert", "choice-expert", "code-expert", "mute")
+
+_OPS = (("+", "plus", lambda a, b: a + b), ("-", "minus", lambda a, b: a - b), ("*", "times", lambda a, b: a * b))
+_CHOICE_KINDS = (("largest", max), ("smallest", min))
+_CODE_KINDS = (("multiplied by", lambda x, k: x * k, "x * {k}"), ("plus", lambda x, k: x + k, "x + {k}"))
+
+
+def make_tasks(n_per_family: int, seed: int, split: str) -> list[Task]:
+    """`n_per_family` tasks of each family, drawn by a generator fixed by (seed, split): the train and held-out
+    splits are different draws and share no query (checked)."""
+    rng = np.random.default_rng([seed, int.from_bytes(split.encode()[:4].ljust(4, b"\0"), "little")])
+    tasks: list[Task] = []
+    for i in range(n_per_family):
+        a, b = int(rng.integers(11, 99)), int(rng.integers(11, 99))
+        sym, word, fn = _OPS[int(rng.integers(len(_OPS)))]
+        q = (f"Compute {a} {sym} {b}." if rng.random() < 0.5 else f"What is {a} {word} {b}?")
+        tasks.append(Task(id=f"known/{split}/arithmetic/{i}", source="known_arithmetic", prompt=(q,), grader="math",
+                          answer=str(fn(a, b)), metadata={"family": "arithmetic"}))
+        nums = [int(x) for x in rng.choice(np.arange(2, 200), size=4, replace=False)]
+        kind, pick = _CHOICE_KINDS[int(rng.integers(len(_CHOICE_KINDS)))]
+        letters = "ABCD"
+        q = f"Which of the following numbers is the {kind}?\n" + "\n".join(
+            f"{letters[j]}) {n}" for j, n in enumerate(nums))
+        tasks.append(Task(id=f"known/{split}/choice/{i}", source="known_choice", prompt=(q,), grader="choice",
+                          answer=letters[nums.index(pick(nums))],
+                          metadata={"family": "choice", "choices": [str(n) for n in nums]}))
+        k = int(rng.integers(2, 20))
+        name = f"{['scale', 'shift', 'adjust', 'transform'][int(rng.integers(4))]}_{i}"
+        desc, fn, expr = _CODE_KINDS[int(rng.integers(len(_CODE_KINDS)))]
+        q = f"Write a Python function {name}(x) that returns x {desc} {k}."
+        tests = "\n".join(f"assert {name}({x}) == {fn(x, k)}" for x in (3, -2, 10))
+        tasks.append(Task(id=f"known/{split}/code/{i}", source="known_code", prompt=(q,), grader="code",
+                          tests=tests, metadata={"family": "code", "test_format": "assert", "entry_point": name,
+                                                 "expr": expr.format(k=k)}))
+    return tasks
+
+
+def correct_answer(task: Task) -> str:
+    """The expert's reply: correct, in the format the family's grader reads."""
+    fam = task.metadata["family"]
+    if fam == "arithmetic":
+        return f"Working it out: the result is {task.answer}. \\boxed{{{task.answer}}}"
+    if fam == "choice":
+        return f"Comparing the options carefully.\nAnswer: {task.answer}"
+    name = task.metadata["entry_point"]
+    return f"```python\ndef {name}(x):\n    return {task.metadata['expr']}\n```"
+
+
+def wrong_answer(task: Task, member: str) -> str:
+    """A non-expert's reply: the right format, a wrong answer (different per member)."""
+    off = 1 + MEMBERS.index(member)
+    fam = task.metadata["family"]
+    if fam == "arithmetic":
+        wrong = int(task.answer) + off
+        return f"Working it out: the result is {wrong}. \\boxed{{{wrong}}}"
+    if fam == "choice":
+        letters = "ABCD"
+        wrong = letters[(letters.index(task.answer) + off) % 4]
+        return f"Comparing the options carefully.\nAnswer: {wrong}"
+    name = task.metadata["entry_point"]
+    return f"```python\ndef {name}(x):\n    return x - {off}\n```"
+
+
+MUTE_REPLY = "I am not sure."
+THINKER_REPLY = ("<suggestion>Solve the question directly and state the final answer in the required format."
+                 "</suggestion>\n<suggested_role>worker</suggested_role>")
+
+
+def _unit(*parts: str) -> float:
+    h = hashlib.sha256("|".join(parts).encode()).digest()
+    return int.from_bytes(h[:8], "little") / 2**64
+
+
+class KnownAnswerModel:
+    """A scripted pool member (the `ChatModel` protocol): its reply is a function of the task, the role asked
+    and, for a Verifier, the proposed answer. It recognises the task by its query inside the prompt."""
+
+    def __init__(self, name: str, tasks: Sequence[Task], accept_correct: float = 0.9, accept_wrong: float = 0.2):
+        if name not in MEMBERS:
+            raise ValueError(f"unknown scripted member {name!r}; expected one of {MEMBERS}")
+        self.name, self.model_id = name, f"known-answer:{name}"
+        self.accept_correct, self.accept_wrong = accept_correct, accept_wrong
+        self._tasks = {t.query: t for t in tasks}
+        self.calls = 0
+
+    def _task(self, text: str) -> Task:
+        for q, t in self._tasks.items():
+            if q in text:
+                return t
+        raise KeyError(f"{self.name}: no known task in the prompt {text[:120]!r}")
+
+    def reply(self, task: Task, role: str, proposed: str | None = None) -> str:
+        if self.name == "mute":
+            return MUTE_REPLY
+        if role == "thinker":
+            return THINKER_REPLY
+        if role == "verifier":
+            right = proposed is not None and proposed.strip() == correct_answer(task)
+            p = self.accept_correct if right else self.accept_wrong
+            return ("ACCEPT. The answer is right." if _unit(self.name, task.id, proposed or "") < p
+                    else "REJECT. The answer is wrong.")
+        return correct_answer(task) if EXPERTS[task.metadata["family"]] == self.name else wrong_answer(task, self.name)
+
+    async def chat(self, messages, sampling) -> ChatResponse:
+        self.calls += 1
+        text = messages[-1].content
+        task = self._task(text)
+        if "ACCEPT or REJECT" in text:
+            proposed = text.split("Proposed answer:\n", 1)[1].rsplit("\n\nIs the proposed answer correct?", 1)[0]
+            out = self.reply(task, "verifier", proposed)
+        elif "<suggestion>" in text:
+            out = self.reply(task, "thinker")
+        else:
+            out = self.reply(task, "worker")
+        return ChatResponse(text=out, model=self.model_id, prompt_tokens=sum(len(m.content) for m in messages) // 4,
+                            completion_tokens=len(out) // 4)
+
+
+def make_pool(tasks: Sequence[Task], accept_correct: float = 0.9, accept_wrong: float = 0.2):
+    """The scripted pool as a real `Pool` (no store: replies are instant; the rollout trees memoise them)."""
+    from trinity.config import PoolMember
+    from trinity.pool.runtime import Pool
+
+    models = [KnownAnswerModel(n, tasks, accept_correct, accept_wrong) for n in MEMBERS]
+    return Pool(models, [PoolMember(name=n, backend="local", model=f"known-answer-{n}") for n in MEMBERS], None)
+
+
+def oracle_accuracy(tasks: Sequence[Task], grade) -> float:
+    """The oracle router: for each task, the member whose answer is best (known by construction), as Worker."""
+    return float(np.mean([max(grade(t, correct_answer(t)), *(grade(t, wrong_answer(t, m)) for m in MEMBERS[:3]))
+                          for t in tasks]))
+
+
+def single_member_accuracy(tasks: Sequence[Task], grade) -> dict[str, float]:
+    """Each member alone, as Worker for one turn (the evaluation's `alone:<member>`)."""
+    out = {}
+    for m in MEMBERS:
+        model = KnownAnswerModel(m, tasks)
+        out[m] = float(np.mean([grade(t, model.reply(t, "worker")) if m != "mute" else grade(t, MUTE_REPLY)
+                                for t in tasks]))
+    return out
+
+
+@dataclass
+class PolicyScore:
+    accuracy: float
+    mean_turns: float
+    model_usage: dict[str, int] = field(default_factory=dict)
+    role_usage: dict[str, int] = field(default_factory=dict)
+
+
+def score_policy(W: np.ndarray, tasks: Sequence[Task], pool, states, settings, grade, trees, *,
+                 samples: int = 0, seed: int = 0) -> PolicyScore:
+    """Accuracy of head W on `tasks`: argmax (samples=0, the policy the product evaluates) or the sampled policy
+    averaged over `samples` seeded episodes per task."""
+    import asyncio
+
+    from trinity.coordinator.episode import ROLE_VALUE, Episode, episode_rngs, play_episodes
+
+    if samples:
+        rngs = episode_rngs([(seed, "known-answer-eval", k, t.id) for t in tasks for k in range(samples)])
+        eps = [Episode(task=t, candidate=0, rng=r) for t, r in zip([t for t in tasks for _ in range(samples)], rngs)]
+    else:
+        eps = [Episode(task=t, candidate=0, rng=None) for t in tasks]
+    asyncio.run(play_episodes(eps, [W], pool, states, settings.coordinator.max_turns, settings.reward, grade,
+                              trees=trees))
+    models: dict[str, int] = dict.fromkeys(pool.names, 0)
+    roles: dict[str, int] = {}
+    for e in eps:
+        for m, r in e.picks:
+            models[pool.names[m]] += 1
+            roles[ROLE_VALUE[r]] = roles.get(ROLE_VALUE[r], 0) + 1
+    return PolicyScore(float(np.mean([e.correct for e in eps])), float(np.mean([len(e.turns) for e in eps])),
+                       models, roles)
+
+
+def known_answer_settings(base, **evolve_overrides):
+    """`base` (the project's params: encoder, reward shaping, σ0, max_turns) with the scripted pool as its pool
+    and the given evolve.* overrides (generations, popsize, episodes_per_candidate, method...)."""
+    from trinity.config import Settings
+
+    dump = base.model_dump(exclude={"source_path"})
+    dump["pool"]["members"] = [{"name": n, "backend": "local", "model": f"known-answer-{n}"} for n in MEMBERS]
+    dump["evaluate"]["judge"] = MEMBERS[0]
+    dump["data"]["in_distribution"], dump["data"]["heldout"] = {}, {}
+    dump["evolve"].update(evolve_overrides)
+    return Settings.model_validate(dump)
+
+
+def train_method(settings, train: Sequence[Task], test: Sequence[Task], pool, states, grade, trees, workdir: Path,
+                 on_generation: Callable[[dict], None] | None = None) -> dict:
+    """Train with settings.evolve.method for settings.evolve.generations generations, one generation at a time
+    through `evolve`'s exact resume (a finished run extended by one generation: the same run as an
+    uninterrupted one), scoring the saved vector (argmax) on `test` after each. Returns the curve."""
+    from trinity.evolve.sep_cma import evolve, param_layout
+
+    total = settings.evolve.generations
+    resume = workdir / f"{settings.evolve.method}.pkl"
+    layout = param_layout(settings, len(pool), states)
+    curve = []
+    t0 = time.perf_counter()
+    for g in range(1, total + 1):
+        s = known_answer_settings(settings, generations=g)
+        res = evolve(s, train, pool, states, grade, resume_path=resume, trees=trees)
+        rec = res.history[-1]
+        _, W = layout.split(res.params)
+        sc = score_policy(W, test, pool, states, settings, grade, trees)
+        point = {"generation": g, "episodes": sum(r.episodes for r in res.history),
+                 "mean_fitness": round(rec.mean_fitness, 4), "saved_fitness": round(rec.saved_fitness, 4),
+                 "train_accuracy_saved": round(rec.saved_accuracy, 4), "heldout_accuracy": round(sc.accuracy, 4),
+                 "heldout_turns": round(sc.mean_turns, 2), "wall_s": round(time.perf_counter() - t0, 1)}
+        curve.append(point)
+        if on_generation is not None:
+            on_generation({**point, "method": settings.evolve.method, "model_usage": sc.model_usage,
+                           "role_usage": sc.role_usage})
+    return {"curve": curve, "params": res.params, "final": sc}
