@@ -57,6 +57,7 @@ def _commit() -> str:
 
 def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: int, methods: list[str],
         popsize: int | None = None, params: Path = ROOT / "params.yaml", encoder=None, seed: int = 0,
+        feature_norm: str | None = None, max_turns: int | None = None,
         log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     from trinity.config import load_settings
     from trinity.coordinator.episode import RolloutTrees, StateCache
@@ -66,10 +67,14 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
     from trinity.stages import make_encoder
 
     t_start = time.perf_counter()
-    base = ka.known_answer_settings(load_settings(params), generations=generations, seed=seed,
+    project = load_settings(params)
+    coordinator = {"feature_norm": feature_norm} if feature_norm else {}
+    if max_turns:
+        coordinator["max_turns"] = max_turns
+    base = ka.known_answer_settings(project, coordinator, generations=generations, seed=seed,
                                     episodes_per_candidate=tasks_per_generation, popsize=popsize)
     train = ka.make_tasks(n_train, seed, "train")
-    heldout = ka.make_tasks(n_heldout, seed, "heldout")
+    heldout = ka.make_tasks(n_heldout, seed, "heldout", exclude=train)
     assert not {t.query for t in train} & {t.query for t in heldout}, "held-out queries drawn into training"
     pool = ka.make_pool(train + heldout)
     encoder = encoder if encoder is not None else make_encoder(base)
@@ -80,7 +85,7 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
 
     oracle = ka.oracle_accuracy(heldout, grade)
     single = ka.single_member_accuracy(heldout, grade)
-    zero = np.zeros((len(pool) + 3, states.dim))
+    zero = np.zeros((len(pool) + 3, states.dim))  # (uniform whatever the features)
     rand = ka.score_policy(zero, heldout, pool, states, base, grade, trees, samples=8, seed=seed)
     log(f"[learnability] oracle {oracle:.3f} · best single {max(single.values()):.3f} · random routing "
         f"{rand.accuracy:.3f} · {len(train)} train / {len(heldout)} held-out tasks · popsize {popsize} · "
@@ -90,6 +95,7 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
     with tempfile.TemporaryDirectory() as tmp:
         for method in methods:
             s = ka.known_answer_settings(base, method=method)
+            states.features = None  # each method fits its own (identical) map from the training tasks
 
             def progress(p, _m=method):
                 log(f"[learnability:{_m}] gen {p['generation']}/{generations} · mean fitness {p['mean_fitness']:.3f}"
@@ -124,6 +130,7 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
             "tasks": {"train": len(train), "heldout": len(heldout), "families": list(ka.FAMILIES)},
             "settings": {"sigma0": base.evolve.sigma0, "reinforce_lr": base.evolve.reinforce_lr,
                          "max_turns": base.coordinator.max_turns, "reward": base.reward.model_dump(),
+                         "feature_norm": base.coordinator.feature_norm,
                          "encoder": getattr(encoder, "encoder_id", "?")},
             "pool_calls": pool.stats.calls_made, "states_encoded": states.encoded,
             "wall_s": round(time.perf_counter() - t_start, 1), "commit": _commit(), "cpu": _cpu_kind()},
@@ -140,9 +147,12 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="sep_cma,reinforce,random_search")
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-turns", type=int, default=None, help="default: params.yaml coordinator.max_turns")
+    ap.add_argument("--feature-norm", choices=["none", "standardize"], default=None,
+                    help="default: params.yaml coordinator.feature_norm")
     a = ap.parse_args(argv)
     res = run(a.generations, a.tasks_per_generation, a.train, a.heldout, a.methods.split(","), popsize=a.popsize,
-              params=a.params, seed=a.seed)
+              params=a.params, seed=a.seed, feature_norm=a.feature_norm, max_turns=a.max_turns)
     print(json.dumps(res))
     return 0
 

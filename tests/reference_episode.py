@@ -12,7 +12,7 @@ import numpy as np
 from trinity.config import RewardSettings
 from trinity.coordinator.episode import Episode, StateCache, shaped_reward
 from trinity.coordinator.head import route_probs
-from trinity.coordinator.roles import ROLES, Role, coordinator_text, latest_answer, make_turn, role_messages
+from trinity.coordinator.roles import ROLES, Role, coordinator_text, forced_role, latest_answer, make_turn, role_messages
 from trinity.records import Task
 
 
@@ -43,8 +43,8 @@ async def reference_play_episodes(episodes: Sequence[Episode], heads: Sequence[n
             turn = make_turn(pool.names[m], role, resp.text, resp.ok)
             e.turns += (turn,)
             e.cost_usd += resp.cost_usd
-            if role is Role.THINKER and turn.suggested_role is not None:
-                e.forced_role = turn.suggested_role
+            if role is Role.THINKER:
+                e.forced_role = forced_role(turn, latest_answer(e.turns))
             if (role is Role.VERIFIER and turn.verdict == "ACCEPT") or len(e.turns) >= max_turns:
                 e.done = True
         active = [e for e in active if not e.done]

@@ -170,6 +170,13 @@ def test_reward_shaping():
     assert model_pick_entropy([(0, Role.WORKER)] * 3) == 0.0
     ep.cost_usd = 2.0
     assert shaped_reward(ep, 5, RewardSettings(cost_weight=0.5)) == pytest.approx(r - 1.0)
+    # Local members: cost in thousands of tokens or in recorded seconds, from each turn's recorded usage.
+    ep.turns = (Turn("a", Role.WORKER, "x", prompt_tokens=300, completion_tokens=200, latency_s=4.0),
+                Turn("b", Role.VERIFIER, "ACCEPT", verdict="ACCEPT", prompt_tokens=400, completion_tokens=100,
+                     latency_s=1.5))
+    assert shaped_reward(ep, 5, RewardSettings(cost_weight=0.5, cost_unit="ktokens")) == pytest.approx(r - 0.5)
+    assert shaped_reward(ep, 5, RewardSettings(cost_weight=0.1, cost_unit="seconds")) == pytest.approx(r - 0.55)
+    assert shaped_reward(ep, 5, RewardSettings(cost_weight=0.0, cost_unit="seconds")) == pytest.approx(r)
 
 
 def test_population_shares_calls_and_rerun_is_free(tmp_path):

@@ -14,6 +14,7 @@ def _ask(args) -> int:
     from trinity import stages
     from trinity.config import load_settings
     from trinity.coordinator.episode import Episode, StateCache, play_episodes
+    from trinity.coordinator.features import checkpoint_features
     from trinity.evaluation import policy_from_params
     from trinity.evolve.sep_cma import load_checkpoint
     from trinity.pool.runtime import build_pool
@@ -30,7 +31,7 @@ def _ask(args) -> int:
         if [p["name"] for p in meta["pool"]] != pool.names:
             print(f"checkpoint pool {[p['name'] for p in meta['pool']]} != params pool {pool.names}", file=sys.stderr)
             return 2
-        states = StateCache(encoder, store)
+        states = StateCache(encoder, store, features=checkpoint_features(meta))
         delta, W = policy_from_params(settings, params, len(pool), states)
         ep = Episode(task=task, candidate=0, rng=None)
         asyncio.run(play_episodes([ep], [W], pool, states, settings.coordinator.max_turns, settings.reward,

@@ -112,6 +112,10 @@ class CoordinatorSettings(_Section):
     thinker_max_tokens: int = 160
     verifier_max_tokens: int = 48
     """Role caps on a member's max_tokens: a suggestion or a verdict needs far fewer tokens than a solution."""
+    feature_norm: Literal["none", "standardize"] = "none"
+    """What the head reads: "none" = the raw hidden state (the paper); "standardize" = centred and scaled by the
+    training tasks' root states, plus a bias feature (trinity.coordinator.features; README, "Training that
+    learns"). Saved in the checkpoint, applied wherever the head is used."""
     svf_layer: int | None = None
     """Train SVF scales of this encoder block (negative counts from the end) along with the head: the flat
     parameter vector becomes [δ…, head…]. None = head only (the paper's default)."""
@@ -121,6 +125,11 @@ class RewardSettings(_Section):
     diversity_weight: float = 0.15
     turn_penalty_weight: float = 0.1
     cost_weight: float = 0.0
+    """Reward −= cost_weight x the episode's cost in `cost_unit` (0 in the paper)."""
+    cost_unit: Literal["usd", "ktokens", "seconds"] = "usd"
+    """usd: the members' prices (API members; a local member costs 0 unless given a notional price);
+    ktokens: thousands of prompt + completion tokens; seconds: the calls' recorded wall time (local members).
+    Costs are those recorded when a call was paid, so a replay from the store sees the same cost."""
 
     @field_validator("*", mode="before")
     @classmethod

@@ -215,13 +215,28 @@ async def _run_method(method: str, play, tasks: Sequence[Task], split: str, grad
     return out
 
 
+NO_ANSWER_SCORE = 1.0
+"""A conversation turn the method gave no answer to (no Worker succeeded, or a Verifier spoke first) scores the
+bottom of the judge's 1-10 scale without a judge call: leaving it out would score the item on its other turn
+alone (measured: an answerless turn 2 left an item at its turn-1 9.0)."""
+
+
 async def _judge_items(items: list[ItemResult], answers: dict[str, tuple[str, ...]], judge) -> None:
     """FastChat single-answer grading of every conversation turn; the item's score is the mean of the turns the
-    judge rated (FastChat's average over valid judgements); none rated → unscored, with the reasons."""
-    jobs = [(item, k) for item in items for k in range(1, len(answers[item.task.id]) + 1)]
+    judge rated (FastChat's average over valid judgements); none rated → unscored, with the reasons. A turn
+    without an answer scores NO_ANSWER_SCORE (the judge is not asked)."""
+    jobs, empty = [], []
+    for item in items:
+        for k in range(1, len(answers[item.task.id]) + 1):
+            (jobs if answers[item.task.id][k - 1] else empty).append((item, k))
     verdicts = await judge.judge_turns([(item.task, answers[item.task.id], k) for item, k in jobs])
     for (item, k), v in zip(jobs, verdicts):
         item.judge.append({"turn": k, "score": v.score, "error": v.error, "prompt": v.prompt_name, "raw": v.raw})
+    for item, k in empty:
+        item.judge.append({"turn": k, "score": NO_ANSWER_SCORE, "error": None, "prompt": None,
+                           "raw": "(no answer to this turn: scored the scale's minimum, judge not asked)"})
+    for item in items:
+        item.judge.sort(key=lambda j: j["turn"])
     for item in items:
         scores = [j["score"] for j in item.judge if j["score"] is not None]
         if scores:

@@ -201,6 +201,7 @@ def _reset_adapter(states, layout) -> None:
 def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     from trinity.code_version import code_version
     from trinity.coordinator.episode import StateCache
+    from trinity.coordinator.features import features_json
     from trinity.evolve.sep_cma import save_checkpoint, saved_fitness_episodes
     from trinity.pool.errors import check_pool_config
     from trinity.pool.runtime import build_pool
@@ -222,6 +223,7 @@ def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
             "code_version": code_version(), "run_fingerprint": result.fingerprint,
             "encoder": encoder.encoder_id, "dim": int(states.dim), **layout.describe(),
             "svf_layer": settings.coordinator.svf_layer, "method": settings.evolve.method,
+            "features": features_json(result.features),
             "seed": settings.evolve.seed, "params_hash": settings.params_hash(),
             "params_file": settings.source_path, "generations": settings.evolve.generations,
             "saved_fitness": result.saved_fitness,
@@ -268,6 +270,7 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     turns), as described in docs/eval_results_schema.md."""
     from trinity.code_version import code_version
     from trinity.coordinator.episode import StateCache
+    from trinity.coordinator.features import checkpoint_features
     from trinity.data.splits import HELDOUT_SOURCES
     from trinity.evaluation import HELDOUT, IN_DISTRIBUTION, evaluate as run_eval, summarise
     from trinity.evolve.sep_cma import load_checkpoint
@@ -289,6 +292,11 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     if meta.get("svf_layer") != settings.coordinator.svf_layer:
         raise ValueError(f"checkpoint {paths.checkpoint}.json was trained with coordinator.svf_layer "
                          f"{meta.get('svf_layer')!r}, params say {settings.coordinator.svf_layer!r}: rerun evolve")
+    features = checkpoint_features(meta)
+    if (features is None) != (settings.coordinator.feature_norm == "none"):
+        raise ValueError(f"checkpoint {paths.checkpoint}.json was trained with coordinator.feature_norm "
+                         f"{meta.get('features', {}).get('norm', 'none')!r}, params say "
+                         f"{settings.coordinator.feature_norm!r}: rerun evolve")
     preflight([*splits.in_distribution, *splits.heldout])
     judged = any(t.grader == "judge" for ts in tasks.values() for t in ts)
     judge_settings, judge_in_pool = _judge_member(settings)
@@ -307,7 +315,8 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
         if judged:
             judge = MTBenchJudge(judge_pool(judge_settings, ev.judge_max_tokens, store, settings.pool.max_concurrency),
                                  prompts)
-        run = run_eval(settings, params, tasks, pool, StateCache(encoder, store), _grade(), judge=judge)
+        run = run_eval(settings, params, tasks, pool, StateCache(encoder, store, features=features), _grade(),
+                       judge=judge)
         judge_info = None
         if judge is not None:
             judge_info = {"name": judge_settings.name, "model_id": judge.pool.members[0].model_id,

@@ -27,8 +27,8 @@ import numpy as np
 
 from trinity.config import RewardSettings
 from trinity.coordinator.head import softmax
-from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, is_answer, latest_answer, role_messages,
-                                      turn_of)
+from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, forced_role, is_answer, latest_answer,
+                                      role_messages, turn_of)
 from trinity.coordinator.streams import EpisodeStream, episode_streams
 from trinity.records import ChatMessage, Task, stable_hash
 from trinity.store import Store, text_key
@@ -45,11 +45,16 @@ class StateCache:
     candidate's δ is an adapter with its own id (the store keys differ, so a rerun finds them); the
     in-memory maps of the `max_adapters` most recently used ids are kept, older ones are dropped (their
     vectors stay in the store).
+
+    `features`: the map from hidden states to what the head reads (`coordinator.features.FeatureMap`, e.g.
+    standardisation); None = the raw states (the paper). Lookups return mapped features; the store and the
+    in-memory maps keep raw states (`raw_states`).
     """
 
-    def __init__(self, encoder, store: Store | None, max_adapters: int = 64):
+    def __init__(self, encoder, store: Store | None, max_adapters: int = 64, features=None):
         self.encoder = encoder
         self.store = store
+        self.features = features
         self.max_adapters = max_adapters
         self._mems: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
         self._adapter: bytes | None = None
@@ -57,7 +62,8 @@ class StateCache:
 
     @property
     def dim(self) -> int:
-        return self.encoder.dim
+        """Width of what the head reads (the encoder's hidden size, or the feature map's)."""
+        return self.encoder.dim if self.features is None else self.features.dim
 
     def _mem(self, encoder_id: str) -> dict[str, np.ndarray]:
         mem = self._mems.get(encoder_id)
@@ -78,11 +84,21 @@ class StateCache:
             self._adapter = b
 
     def states(self, texts: Sequence[str]) -> np.ndarray:
+        """What the head reads for these transcripts (mapped by `features` when set)."""
         return self.lookup([text_key(t) for t in texts], texts.__getitem__)
 
+    def raw_states(self, texts: Sequence[str]) -> np.ndarray:
+        """The encoder's hidden states of these transcripts, unmapped."""
+        return self._raw_lookup([text_key(t) for t in texts], texts.__getitem__)
+
     def lookup(self, keys: Sequence[str], render: Callable[[int], str], adapter: np.ndarray | None = None) -> np.ndarray:
-        """States for transcripts given by key; `render(i)` gives transcript i's text, called only for the
-        ones that must be encoded. `adapter`: SVF scales to encode with (None = the encoder as it is)."""
+        """What the head reads for transcripts given by key; `render(i)` gives transcript i's text, called only
+        for the ones that must be encoded. `adapter`: SVF scales to encode with (None = the encoder as it is)."""
+        H = self._raw_lookup(keys, render, adapter)
+        return H if self.features is None else self.features(H)
+
+    def _raw_lookup(self, keys: Sequence[str], render: Callable[[int], str],
+                    adapter: np.ndarray | None = None) -> np.ndarray:
         if adapter is not None:
             self.set_adapter(adapter)
         enc_id = self.encoder.encoder_id
@@ -102,7 +118,7 @@ class StateCache:
                 self.store.put_states(enc_id, list(todo), vecs)
             for k, v in zip(todo, vecs):
                 mem[k] = v
-        return np.stack([mem[k] for k in keys]) if len(keys) else np.zeros((0, self.dim), np.float32)
+        return np.stack([mem[k] for k in keys]) if len(keys) else np.zeros((0, self.encoder.dim), np.float32)
 
 
 def _json_escaped(text: str) -> bytes:
@@ -267,6 +283,17 @@ def entropy_of_counts(counts: Sequence[int]) -> float:
     return max(0.0, -sum(c / n * math.log(c / n) for c in counts if c)) if n else 0.0
 
 
+def episode_cost(ep: Episode, unit: str) -> float:
+    """What an episode's calls cost, in `reward.cost_unit`: usd, ktokens (prompt + completion) or seconds."""
+    if unit == "usd":
+        return ep.cost_usd
+    if unit == "ktokens":
+        return sum(t.prompt_tokens + t.completion_tokens for t in ep.turns) / 1000
+    if unit == "seconds":
+        return sum(t.latency_s for t in ep.turns)
+    raise ValueError(f"reward.cost_unit {unit!r}: expected usd, ktokens or seconds")
+
+
 def shaped_reward(ep: Episode, max_turns: int, w: RewardSettings) -> float:
     """Correctness + diversity bonus − turn penalty − cost (DESIGN.md); a Verifier before any answer → 0."""
     if ep.verifier_first:
@@ -274,7 +301,7 @@ def shaped_reward(ep: Episode, max_turns: int, w: RewardSettings) -> float:
     n_turns = len(ep.turns)
     return (ep.correct + w.diversity_weight * model_pick_entropy(ep.picks)
             - w.turn_penalty_weight * ((max(n_turns, 1) - 1) / max_turns) / 4
-            - w.cost_weight * ep.cost_usd)
+            - (w.cost_weight * episode_cost(ep, w.cost_unit) if w.cost_weight else 0.0))
 
 
 async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray], pool, states: StateCache,
@@ -367,8 +394,8 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
             e.turns += (turn,)
             e.node = edge.child
             e.cost_usd += resp.cost_usd
-            if turn.role is Role.THINKER and turn.suggested_role is not None:
-                e.forced_role = turn.suggested_role
+            if turn.role is Role.THINKER:
+                e.forced_role = forced_role(turn, e.node.answer)
             if (turn.role is Role.VERIFIER and turn.verdict == "ACCEPT") or len(e.turns) >= max_turns:
                 e.done = True
         active = [e for e in active if not e.done]

@@ -2,7 +2,9 @@
 
 Worker   answers the query; sees earlier Worker answers as reference thoughts and the Thinker's suggestion.
 Thinker  reads query + earlier thoughts + current answer; replies with <suggestion> and <suggested_role>
-         (the suggested role overrides the head's next role pick).
+         (the suggested role overrides the head's next role pick — `forced_role`). While there is no answer
+         yet it is asked for a Worker only, and a Verifier it names anyway is ignored (the head's pick stands):
+         a Verifier with nothing to verify would end the episode at 0 (measured: 2 of 12 evaluation items).
 Verifier reads query + current answer; replies ACCEPT or REJECT (read as a whole word or a field such as
          "Verdict: accept"; a negated accept such as "cannot accept", "unacceptable" is REJECT; the
          first clear verdict decides; default REJECT).
@@ -86,6 +88,16 @@ def latest_answer(turns: tuple[Turn, ...]) -> str | None:
     return None
 
 
+def forced_role(turn: Turn, answer: str | None) -> Role | None:
+    """The role `turn` forces on the next pick: a Thinker's suggested role, except a Verifier while there is no
+    answer (`answer`: the latest answer after `turn`) — then nothing is forced and the head's pick stands."""
+    if turn.role is not Role.THINKER or turn.suggested_role is None:
+        return None
+    if turn.suggested_role is Role.VERIFIER and answer is None:
+        return None
+    return turn.suggested_role
+
+
 def _pending_suggestion(turns: tuple[Turn, ...]) -> str | None:
     """The latest Thinker suggestion not yet followed by a Worker answer."""
     for t in reversed(turns):
@@ -129,9 +141,13 @@ def role_messages(role: Role, task: Task, turns: tuple[Turn, ...]) -> list[ChatM
         if thoughts:
             body += "Earlier thoughts:\n" + "\n".join(thoughts[-3:]) + "\n\n"
         body += f"Current answer:\n{_clip(answer) if answer else '(none yet)'}\n\n"
-        body += ("Think about how to solve the question or fix the current answer. Reply with a short plan in "
-                 "<suggestion>...</suggestion>, then the role that should act next in "
-                 "<suggested_role>worker</suggested_role> or <suggested_role>verifier</suggested_role>.")
+        if answer:
+            body += ("Think about how to solve the question or fix the current answer. Reply with a short plan in "
+                     "<suggestion>...</suggestion>, then the role that should act next in "
+                     "<suggested_role>worker</suggested_role> or <suggested_role>verifier</suggested_role>.")
+        else:
+            body += ("Think about how to solve the question. Reply with a short plan in <suggestion>...</suggestion>,"
+                     " then <suggested_role>worker</suggested_role> (a solver acts next).")
         return [ChatMessage("system", "You are a strategic thinker who guides a team of solvers."),
                 ChatMessage("user", body)]
     if role is Role.VERIFIER:

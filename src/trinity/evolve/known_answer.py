@@ -40,34 +40,44 @@ _CHOICE_KINDS = (("largest", max), ("smallest", min))
 _CODE_KINDS = (("multiplied by", lambda x, k: x * k, "x * {k}"), ("plus", lambda x, k: x + k, "x + {k}"))
 
 
-def make_tasks(n_per_family: int, seed: int, split: str) -> list[Task]:
-    """`n_per_family` tasks of each family, drawn by a generator fixed by (seed, split): the train and held-out
-    splits are different draws and share no query (checked)."""
+def make_tasks(n_per_family: int, seed: int, split: str, exclude: Sequence[Task] = ()) -> list[Task]:
+    """`n_per_family` tasks of each family, drawn by a generator fixed by (seed, split), no query twice and none
+    of `exclude`'s (the held-out split is drawn excluding the training split)."""
     rng = np.random.default_rng([seed, int.from_bytes(split.encode()[:4].ljust(4, b"\0"), "little")])
-    tasks: list[Task] = []
-    for i in range(n_per_family):
+    seen = {t.query for t in exclude}
+    by_family: dict[str, list[Task]] = {f: [] for f in FAMILIES}
+
+    def add(family: str, task: Task) -> None:
+        if task.query not in seen and len(by_family[family]) < n_per_family:
+            seen.add(task.query)
+            by_family[family].append(task)
+
+    while min(len(v) for v in by_family.values()) < n_per_family:
+        i = len(by_family["arithmetic"])
         a, b = int(rng.integers(11, 99)), int(rng.integers(11, 99))
         sym, word, fn = _OPS[int(rng.integers(len(_OPS)))]
         q = (f"Compute {a} {sym} {b}." if rng.random() < 0.5 else f"What is {a} {word} {b}?")
-        tasks.append(Task(id=f"known/{split}/arithmetic/{i}", source="known_arithmetic", prompt=(q,), grader="math",
-                          answer=str(fn(a, b)), metadata={"family": "arithmetic"}))
+        add("arithmetic", Task(id=f"known/{split}/arithmetic/{i}", source="known_arithmetic", prompt=(q,),
+                               grader="math", answer=str(fn(a, b)), metadata={"family": "arithmetic"}))
+        i = len(by_family["choice"])
         nums = [int(x) for x in rng.choice(np.arange(2, 200), size=4, replace=False)]
         kind, pick = _CHOICE_KINDS[int(rng.integers(len(_CHOICE_KINDS)))]
         letters = "ABCD"
         q = f"Which of the following numbers is the {kind}?\n" + "\n".join(
             f"{letters[j]}) {n}" for j, n in enumerate(nums))
-        tasks.append(Task(id=f"known/{split}/choice/{i}", source="known_choice", prompt=(q,), grader="choice",
-                          answer=letters[nums.index(pick(nums))],
-                          metadata={"family": "choice", "choices": [str(n) for n in nums]}))
+        add("choice", Task(id=f"known/{split}/choice/{i}", source="known_choice", prompt=(q,), grader="choice",
+                           answer=letters[nums.index(pick(nums))],
+                           metadata={"family": "choice", "choices": [str(n) for n in nums]}))
+        i = len(by_family["code"])
         k = int(rng.integers(2, 20))
-        name = f"{['scale', 'shift', 'adjust', 'transform'][int(rng.integers(4))]}_{i}"
+        name = f"{['scale', 'shift', 'adjust', 'transform'][int(rng.integers(4))]}_{int(rng.integers(100))}"
         desc, fn, expr = _CODE_KINDS[int(rng.integers(len(_CODE_KINDS)))]
         q = f"Write a Python function {name}(x) that returns x {desc} {k}."
         tests = "\n".join(f"assert {name}({x}) == {fn(x, k)}" for x in (3, -2, 10))
-        tasks.append(Task(id=f"known/{split}/code/{i}", source="known_code", prompt=(q,), grader="code",
-                          tests=tests, metadata={"family": "code", "test_format": "assert", "entry_point": name,
-                                                 "expr": expr.format(k=k)}))
-    return tasks
+        add("code", Task(id=f"known/{split}/code/{i}", source="known_code", prompt=(q,), grader="code", tests=tests,
+                         metadata={"family": "code", "test_format": "assert", "entry_point": name,
+                                   "expr": expr.format(k=k)}))
+    return [t for group in zip(*by_family.values()) for t in group]
 
 
 def correct_answer(task: Task) -> str:
@@ -83,7 +93,7 @@ def correct_answer(task: Task) -> str:
 
 def wrong_answer(task: Task, member: str) -> str:
     """A non-expert's reply: the right format, a wrong answer (different per member)."""
-    off = 1 + MEMBERS.index(member)
+    off = 1 + MEMBERS.index(member) % 3  # 1..3: never the right option of four
     fam = task.metadata["family"]
     if fam == "arithmetic":
         wrong = int(task.answer) + off
@@ -209,15 +219,17 @@ def score_policy(W: np.ndarray, tasks: Sequence[Task], pool, states, settings, g
                        models, roles)
 
 
-def known_answer_settings(base, **evolve_overrides):
-    """`base` (the project's params: encoder, reward shaping, σ0, max_turns) with the scripted pool as its pool
-    and the given evolve.* overrides (generations, popsize, episodes_per_candidate, method...)."""
+def known_answer_settings(base, coordinator: dict | None = None, **evolve_overrides):
+    """`base` (the project's params: encoder, reward shaping, σ0, max_turns) with the scripted pool as its pool,
+    the given coordinator.* overrides (e.g. feature_norm) and evolve.* overrides (generations, popsize,
+    episodes_per_candidate, method...)."""
     from trinity.config import Settings
 
     dump = base.model_dump(exclude={"source_path"})
     dump["pool"]["members"] = [{"name": n, "backend": "local", "model": f"known-answer-{n}"} for n in MEMBERS]
     dump["evaluate"]["judge"] = MEMBERS[0]
     dump["data"]["in_distribution"], dump["data"]["heldout"] = {}, {}
+    dump["coordinator"].update(coordinator or {})
     dump["evolve"].update(evolve_overrides)
     return Settings.model_validate(dump)
 

@@ -31,6 +31,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from trinity.config import Settings
+from trinity.coordinator.features import fit_feature_map
 from trinity.coordinator.episode import (ROLE_VALUE, Episode, RolloutTrees, StateCache, entropy_of_counts,
                                         episode_rngs, play_episodes)
 from trinity.coordinator.head import HeadShape, ParamLayout
@@ -201,6 +202,9 @@ class EvolutionResult:
     """Generations already played by the checkpoint this call resumed (0: a new run)."""
     fingerprint: str = ""
     """The run's identity (`run_fingerprint`)."""
+    features: object = None
+    """The feature map the head was trained on (`coordinator.features.FeatureMap`; None = raw states): saved
+    with the checkpoint, applied wherever the head is used."""
 
 
 def _atomic_pickle(obj, path: Path) -> None:
@@ -218,6 +222,9 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
     """Train the coordinator with `settings.evolve.method` (see module doc). `trees`: the memoised rollout
     trees to walk (kept across calls to share them, e.g. between the methods of an ablation)."""
     ev = settings.evolve
+    # What the head reads: raw states (the paper) or standardised by these training tasks' root states. Set on
+    # `states`, so every episode below (and the caller's later use of `states`) reads the same features.
+    states.features = fit_feature_map(settings.coordinator.feature_norm, states, train)
     layout = param_layout(settings, len(pool), states)
     n = layout.n_params
     trees = RolloutTrees() if trees is None else trees
@@ -293,7 +300,8 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
     history = state["history"]
     return EvolutionResult(params=opt.params, saved_fitness=history[-1].saved_fitness if history else None,
                            best_candidate_params=state["best"][1], best_candidate_fitness=state["best"][0],
-                           history=history, layout=layout, resumed_from=resumed_from, fingerprint=fingerprint)
+                           history=history, layout=layout, resumed_from=resumed_from, fingerprint=fingerprint,
+                           features=states.features)
 
 
 def saved_fitness_episodes(settings: Settings, train: Sequence[Task]) -> list[tuple[Task, int]]:
