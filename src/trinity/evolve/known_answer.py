@@ -239,18 +239,17 @@ def train_method(settings, train: Sequence[Task], test: Sequence[Task], pool, st
     """Train with settings.evolve.method for settings.evolve.generations generations, one generation at a time
     through `evolve`'s exact resume (a finished run extended by one generation: the same run as an
     uninterrupted one), scoring the saved vector (argmax) on `test` after each. Returns the curve."""
-    from trinity.evolve.sep_cma import evolve, param_layout
+    from trinity.evolve.sep_cma import evolve
 
     total = settings.evolve.generations
     resume = workdir / f"{settings.evolve.method}.pkl"
-    layout = param_layout(settings, len(pool), states)
     curve = []
     t0 = time.perf_counter()
     for g in range(1, total + 1):
         s = known_answer_settings(settings, generations=g)
         res = evolve(s, train, pool, states, grade, resume_path=resume, trees=trees)
         rec = res.history[-1]
-        _, W = layout.split(res.params)
+        _, W = res.layout.split(res.params)  # (the layout of what the head reads: evolve set states.features)
         sc = score_policy(W, test, pool, states, settings, grade, trees)
         point = {"generation": g, "episodes": sum(r.episodes for r in res.history),
                  "mean_fitness": round(rec.mean_fitness, 4), "saved_fitness": round(rec.saved_fitness, 4),
