@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     from trinity.config import load_settings
     from trinity.coordinator.episode import StateCache
     from trinity.data.splits import build_all_splits
-    from trinity.evolve.sep_cma import evolve
+    from trinity.evolve.sep_cma import evolve, saved_fitness_episodes
     from trinity.grading import grade, preflight
     from trinity.pool.runtime import build_pool
     from trinity.stages import _role_caps, make_encoder
@@ -138,8 +138,7 @@ def main(argv=None) -> int:
         "detail": {"generations": gens, "seconds_in_total": totals, "dominated_by": dominant,
                    "train_tasks": len(train), "train_sources": {k: a.per_source for k in d.train},
                    "pool": [m.name for m in settings.pool.members], "encoder": encoder.encoder_id,
-                   "saved_fitness_episodes": (settings.evolve.saved_fitness_tasks or len(train))
-                   * settings.evolve.saved_fitness_samples,
+                   "saved_fitness_episodes": len(saved_fitness_episodes(settings, train)),
                    "wall_s": round(time.perf_counter() - t_start, 1), "commit": _commit(), "cpu": _cpu_kind()}}))
     return 0
 

@@ -98,7 +98,15 @@ def test_every_method_plays_the_same_items_and_mt_bench_is_judged_turn_by_turn(t
                                                             ("assistant", mt.turns[0][1].text)]
     assert [k for k, _ in mt.turns] == [1, 2] and mt.answer == mt.turns[1][1].text
     assert [j["score"] for j in mt.judge] == [8.0, 6.0] and mt.score == 7.0  # the mean of the two turns
-    assert judge.stats()["verdicts"] == 2 * len(methods) and judge.stats()["unparseable"] == 0
+    # The zero-head coordinator answers no turn (Thinker every turn): each answerless turn scores the scale's
+    # minimum and costs no judge call; every answered turn is judged.
+    from trinity.evaluation import NO_ANSWER_SCORE
+    mt_items = [i for i in run.items if i.task.source == "mt_bench"]
+    answered = sum(1 for i in mt_items for tr in i.judge if tr["prompt"] is not None)
+    trinity_mt = next(i for i in mt_items if i.method == "trinity")
+    assert trinity_mt.answer is None and [j["score"] for j in trinity_mt.judge] == [NO_ANSWER_SCORE] * 2
+    assert trinity_mt.score == NO_ANSWER_SCORE
+    assert answered >= 4 and judge.stats()["verdicts"] == answered and judge.stats()["unparseable"] == 0
     row = mt.row()
     assert row["benchmark"] == "mt_bench" and row["split"] == "heldout" and row["tokens"] == 54
     json.dumps(row)
