@@ -28,8 +28,9 @@ PACKAGE = Path(__file__).resolve().parent
 
 RESULT_SHAPING: tuple[str, ...] = ("coordinator", "grading", "evolve", "pool/local.py", "records.py")
 """Modules (files or packages, relative to the trinity package) whose code shapes a run's results."""
-RUNTIME_ONLY: tuple[str, ...] = ("evolve/engine.py", "grading/check.py")
-"""Inside RESULT_SHAPING but not shaping results: where calls run; the grader self-check command."""
+RUNTIME_ONLY: tuple[str, ...] = ("evolve/engine.py", "grading/check.py", "evolve/known_answer.py")
+"""Inside RESULT_SHAPING but not shaping results: where calls run; the grader self-check command; the scripted
+known-answer problem of bench/learnability.py (no pipeline stage imports it)."""
 
 COMPATIBLE_REFACTORS: dict[str, str] = {}
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
