@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -32,6 +33,10 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from learnability import _commit, _cpu_kind  # noqa: E402
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 class _Timed:
@@ -122,7 +127,19 @@ def main(argv=None) -> int:
                       f"encoder {part['encode'] / 60:.1f}, grading {part['grade'] / 60:.1f}", file=sys.stderr,
                       flush=True)
 
-            evolve(settings, train, pool, states, timed_grade, on_generation=on_generation, store=None)
+            # Stopped early (Ctrl-C, SIGTERM): what was paid stays in the store; the JSON line still reports the
+            # generations completed and the calls of the unfinished one.
+            signal.signal(signal.SIGTERM, _interrupt)
+            interrupted = None
+            t_evolve = time.perf_counter()
+            try:
+                evolve(settings, train, pool, states, timed_grade, on_generation=on_generation, store=None)
+            except KeyboardInterrupt:
+                done = sum(g["new_calls"] for g in gens)
+                interrupted = {"generation": len(gens), "new_calls": pool.stats.calls_made - done,
+                               "wall_s": round(time.perf_counter() - t_evolve - sum(g["wall_s"] for g in gens), 1),
+                               "seconds_in_pool_calls": round(pool_s.seconds - marks["pool"], 1)}
+                print(f"[training_cost] interrupted in generation {len(gens)}: {interrupted}", file=sys.stderr)
     measured = sum(g["wall_s"] for g in gens)
     rest = max(a.project_generations - len(gens), 0)
     projected_h = (measured + rest * gens[-1]["wall_s"]) / 3600 if gens else None
@@ -139,6 +156,7 @@ def main(argv=None) -> int:
                    "train_tasks": len(train), "train_sources": {k: a.per_source for k in d.train},
                    "pool": [m.name for m in settings.pool.members], "encoder": encoder.encoder_id,
                    "saved_fitness_episodes": len(saved_fitness_episodes(settings, train)),
+                   "interrupted_generation": interrupted,
                    "wall_s": round(time.perf_counter() - t_start, 1), "commit": _commit(), "cpu": _cpu_kind()}}))
     return 0
 
