@@ -84,10 +84,12 @@ def test_repro_produces_checkpoint_report_and_wandb_run(repo):
     assert held and in_dist and not (train & (held | in_dist)) and res["n_items"] == len(held | in_dist)
     assert [(b["name"], b["split"]) for b in res["benchmarks"]] == [
         ("math500", "in_distribution"), ("gsm8k", "heldout"), ("mt_bench", "heldout")]
-    # MT-Bench was judged by the configured judge, through the store; every verdict is accounted for
-    assert res["judge"]["name"] == "smol-a" and res["judge"]["verdicts"] + res["judge"]["unparseable"] + \
-        res["judge"]["failed"] == 2 * 4  # two conversation turns x four methods
+    # MT-Bench was judged by the configured judge, through the store; every verdict is accounted for (a turn the
+    # method gave no answer to scores the minimum without a judge call)
     rows = [json.loads(l) for l in (repo / "data/eval/episodes.jsonl").read_text().splitlines()]
+    answerless = sum(1 for r in rows for j in (r["judge"] or []) if j["prompt"] is None)
+    assert res["judge"]["name"] == "smol-a" and res["judge"]["verdicts"] + res["judge"]["unparseable"] + \
+        res["judge"]["failed"] + answerless == 2 * 4  # two conversation turns x four methods
     assert {(r["method"], r["task_id"]) for r in rows} == {(m, t) for m in ("trinity", "alone:smol-a", "alone:smol-b",
                                                                             "random-routing") for t in held | in_dist}
     for name in ("scores", "usage", "fitness", "score_vs_compute"):
