@@ -181,8 +181,7 @@ def single_member_accuracy(tasks: Sequence[Task], grade) -> dict[str, float]:
     out = {}
     for m in MEMBERS:
         model = KnownAnswerModel(m, tasks)
-        out[m] = float(np.mean([grade(t, model.reply(t, "worker")) if m != "mute" else grade(t, MUTE_REPLY)
-                                for t in tasks]))
+        out[m] = float(np.mean([grade(t, model.reply(t, "worker")) for t in tasks]))  # (mute: MUTE_REPLY)
     return out
 
 
