@@ -1,96 +1,235 @@
-"""`trinity` command line: ask a trained coordinator, run a stage, check the graders."""
+"""`trinity` command line: ask the trained coordinator, read a stored trace, serve it as an OpenAI-compatible model,
+run a pipeline stage, check the graders."""
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
+import os
 import sys
+from enum import Enum
 from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
 
 from trinity.stages import STAGES  # light: numpy + the settings schema; torch loads only when a stage runs
 
+EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE, EXIT_POOL_FAILURE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success; 1 the coordinator gave no answer; 2 bad usage or configuration (options, params, "
+    "checkpoint, a store another process writes); 3 a pool failure left no answer; 4 no such episode.")
 
-def _ask(args) -> int:
-    from trinity import stages
-    from trinity.config import load_settings
-    from trinity.coordinator.episode import Episode, StateCache, play_episodes
-    from trinity.coordinator.features import checkpoint_features
-    from trinity.evaluation import policy_from_params
-    from trinity.evolve.sep_cma import load_checkpoint
-    from trinity.pool.runtime import build_pool
-    from trinity.records import Task
+app = typer.Typer(name="trinity", help=__doc__, epilog=EXIT_CODES_HELP, no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+class AnswerFormat(str, Enum):
+    free = "free"
+    math = "math"
+    choice = "choice"
+    code = "code"
+
+
+StageName = Enum("StageName", {s: s for s in STAGES}, type=str)
+
+RootOpt = Annotated[Path, typer.Option(help="project directory holding data/ (the default paths below are in it)")]
+ParamsOpt = Annotated[Path, typer.Option(help="params file the checkpoint was trained with")]
+CheckpointOpt = Annotated[Optional[Path], typer.Option(
+    help="checkpoint directory (holding coordinator.npy + coordinator.json) or its stem; default ROOT/data/checkpoints")]
+StoreOpt = Annotated[Optional[Path], typer.Option(
+    help="response store (DuckDB file); default ROOT/data/store/trinity.duckdb")]
+RetryOpt = Annotated[bool, typer.Option(
+    "--retry-failures", help="ask again every request whose stored answer is a failure (outages are always asked "
+                             "again; this also re-asks deterministic failures). Same as TRINITY_RETRY_FAILURES=1")]
+
+
+def _fail(message: str, code: int = EXIT_USAGE):
+    print(f"trinity: {message}", file=sys.stderr, flush=True)
+    raise typer.Exit(code)
+
+
+def _paths(root: Path, checkpoint: Path | None, store: Path | None) -> tuple[Path, Path]:
+    from trinity.stages import Paths
+
+    p = Paths(root.resolve())
+    return (checkpoint or p.checkpoint.parent), (store or p.store)
+
+
+def _params_path(root: Path, params: Path) -> Path:
+    return params if params.is_absolute() or params.exists() else root / params
+
+
+def _load_coordinator(root: Path, params: Path, checkpoint: Path | None, store: Path | None, *, writer: bool):
+    """Coordinator.load, with what fails while loading (params, checkpoint, a store another process writes) turned
+    into exit code 2 and a one-line message."""
+    from trinity.config import ConfigError
+    from trinity.conversation import CheckpointError, Coordinator
+
+    ckpt, store_path = _paths(root, checkpoint, store)
+    try:
+        return Coordinator.load(ckpt, _params_path(root, params), store_path, writer=writer)
+    except (ConfigError, CheckpointError, FileNotFoundError, RuntimeError) as e:
+        _fail(str(e))
+
+
+def _retry(flag: bool) -> None:
+    if flag:
+        os.environ["TRINITY_RETRY_FAILURES"] = "1"  # read by every Store this process opens
+
+
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="the question (one user message)")],
+    answer_format: Annotated[AnswerFormat, typer.Option(
+        "--answer-format", "-f", help="answer format the Worker is asked for: free (none), math (\\boxed{}), "
+                                      "choice ('Answer: X'), code (one Python block)")] = AnswerFormat.free,
+    system: Annotated[Optional[str], typer.Option(help="instructions, as an OpenAI system message")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the full trace as JSON on stdout instead")] = False,
+    texts: Annotated[bool, typer.Option("--texts/--no-texts", help="also print every turn's text (stderr)")] = False,
+    root: RootOpt = Path("."),
+    params: ParamsOpt = Path("params.yaml"),
+    checkpoint: CheckpointOpt = None,
+    store: StoreOpt = None,
+    retry_failures: RetryOpt = False,
+) -> None:
+    """Answer a question with the trained coordinator over the pool: the answer on stdout, the trace (who acted, in
+    which role, tokens, latency, verdict) as a table on stderr. The store is opened read-only when a pipeline writes
+    it (then nothing new is saved). The episode's trace is kept: `trinity trace EPISODE_ID`."""
+    from rich.console import Console
+
+    from trinity.conversation import ANSWERED, NO_ANSWER, ConversationError, answer_now, task_from_messages
+    from trinity.traces import render_trace
+
+    _retry(retry_failures)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    try:
+        task = task_from_messages(messages, answer_format.value)
+    except ConversationError as e:
+        _fail(str(e))
+    with _load_coordinator(root, params, checkpoint, store, writer=False) as coordinator:
+        result = answer_now(coordinator, task)
+    trace = result.trace()
+    if as_json:
+        print(json.dumps(trace, indent=2, ensure_ascii=False))
+    else:
+        render_trace(trace, Console(stderr=True), texts=texts)
+        if result.outcome == ANSWERED:
+            print(result.answer)
+    if result.outcome != ANSWERED:
+        print(f"trinity: no answer: {result.reason}", file=sys.stderr)
+        raise typer.Exit(EXIT_NO_ANSWER if result.outcome == NO_ANSWER else EXIT_POOL_FAILURE)
+
+
+@app.command()
+def trace(
+    episode_id: Annotated[Optional[str], typer.Argument(
+        help="an episode id (printed by `trinity ask`, returned as trinity.episode_id by the server); "
+             "omit it to list the latest episodes")] = None,
+    texts: Annotated[bool, typer.Option("--texts/--no-texts", help="print the conversation and every turn's text")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="print the stored trace as JSON")] = False,
+    limit: Annotated[int, typer.Option(help="how many episodes to list without EPISODE_ID", min=1)] = 20,
+    root: RootOpt = Path("."),
+    store: StoreOpt = None,
+) -> None:
+    """Render a stored episode (conversation, each turn's member, role, text, verdict, tokens, latency) from the
+    store, read-only (works while a server or a pipeline writes it)."""
+    from rich.console import Console
+
     from trinity.store import Store
+    from trinity.traces import TraceLog, render_trace
 
-    settings = load_settings(args.params)
-    paths = stages.Paths(Path(args.root).resolve())
-    params, meta = load_checkpoint(paths.checkpoint)
-    task = Task(id="cli/ask", source="cli", prompt=(args.question,), grader=args.grader)
-    encoder = stages.make_encoder(settings)
-    with Store.open_or_read(paths.store) as store:  # works while a pipeline writes the store
-        pool = build_pool(settings.pool, store, stages._role_caps(settings))
-        if [p["name"] for p in meta["pool"]] != pool.names:
-            print(f"checkpoint pool {[p['name'] for p in meta['pool']]} != params pool {pool.names}", file=sys.stderr)
-            return 2
-        states = StateCache(encoder, store, features=checkpoint_features(meta))
-        delta, W = policy_from_params(settings, params, len(pool), states)
-        ep = Episode(task=task, candidate=0, rng=None)
-        asyncio.run(play_episodes([ep], [W], pool, states, settings.coordinator.max_turns, settings.reward,
-                                  lambda t, a: 0.0, adapters=None if delta is None else [delta]))
-    for i, t in enumerate(ep.turns):
-        print(f"--- turn {i + 1}: {t.role.value} ({t.model})\n{t.text}\n", file=sys.stderr)
-    if ep.verifier_first:
-        print("(the coordinator picked the Verifier before any answer: no answer)", file=sys.stderr)
-    if ep.answer is None:
-        print("(no Worker succeeded: no answer)", file=sys.stderr)
-        return 1
-    print(ep.answer)
-    return 0
+    _, store_path = _paths(root, None, store)
+    try:
+        st = Store(store_path, read_only=True)
+    except (FileNotFoundError, RuntimeError) as e:
+        _fail(str(e))
+    try:
+        log = TraceLog(st)
+        if episode_id is None:
+            rows = log.recent(limit)
+            for eid, outcome, when in rows:
+                print(f"{eid}  {outcome:<12}  {when}")
+            if not rows:
+                print(f"no stored episodes in {store_path}", file=sys.stderr)
+            log.close()
+            return
+        found = log.get(episode_id)
+        log.close()
+    finally:
+        st.close()
+    if found is None:
+        _fail(f"no episode {episode_id!r} in {store_path} (`trinity trace` lists the stored ones)", EXIT_NOT_FOUND)
+    if as_json:
+        print(json.dumps(found, indent=2, ensure_ascii=False))
+    else:
+        render_trace(found, Console(), texts=texts)
 
 
-def _stage(args) -> int:
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="interface to listen on (loopback by default; 0.0.0.0 exposes it)")] =
+        "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (0: any free port, printed when listening)", min=0, max=65535)] =
+        8000,
+    max_body_bytes: Annotated[int, typer.Option(help="larger request bodies get 413", min=1024)] = 1_000_000,
+    log_level: Annotated[str, typer.Option(help="uvicorn / trinity log level")] = "info",
+    root: RootOpt = Path("."),
+    params: ParamsOpt = Path("params.yaml"),
+    checkpoint: CheckpointOpt = None,
+    store: StoreOpt = None,
+    retry_failures: RetryOpt = False,
+) -> None:
+    """Serve the trained coordinator as an OpenAI-compatible endpoint: GET /v1/models, POST /v1/chat/completions
+    (model "trinity" or a pool member's name; stream true for server-sent events). Set TRINITY_API_KEY to require
+    'Authorization: Bearer <key>'. This process must be the store's only writer."""
+    from trinity.serve import run_server
+
+    _retry(retry_failures)
+
+    def ready(bound: int) -> None:
+        print(f"trinity serve: listening on http://{host}:{bound}/v1", file=sys.stderr, flush=True)
+
+    with _load_coordinator(root, params, checkpoint, store, writer=True) as coordinator:
+        run_server(coordinator, host, port, max_body_bytes=max_body_bytes, log_level=log_level, on_ready=ready)
+
+
+@app.command()
+def stage(
+    name: Annotated[StageName, typer.Argument(help="the stage to run")],
+    params: ParamsOpt = Path("params.yaml"),
+    root: RootOpt = Path("."),
+    retry_failures: RetryOpt = False,
+) -> None:
+    """Run one pipeline stage without W&B (and without Prefect, unless evolve.task_runner is 'dask'); prints its
+    summary as JSON."""
     from trinity import stages
-    from trinity.config import load_settings
+    from trinity.config import ConfigError, load_settings
 
-    settings = load_settings(args.params)
-    out = stages.run_stage(args.name, settings, stages.Paths(Path(args.root).resolve()))
+    _retry(retry_failures)
+    try:
+        settings = load_settings(params)
+    except ConfigError as e:
+        _fail(str(e))
+    out = stages.run_stage(name.value, settings, stages.Paths(root.resolve()))
     print(json.dumps(out, default=str))
-    return 0
+
+
+@app.command("check-graders", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                                "help_option_names": []})
+def check_graders(ctx: typer.Context) -> None:
+    """Run the canonical solutions through the graders; one JSON line per benchmark (arguments are passed on:
+    `trinity check-graders --help`)."""
+    from trinity.grading.check import main as check_main
+
+    raise typer.Exit(check_main(list(ctx.args)) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="trinity", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("ask", help="answer a question with the trained coordinator over the pool")
-    a.add_argument("question")
-    a.add_argument("--grader", default="math", choices=["math", "choice", "code", "judge"],
-                   help="answer format the Worker is asked for")
-    a.add_argument("--params", default="params.yaml")
-    a.add_argument("--root", default=".", help="project directory holding data/")
-    s = sub.add_parser("stage", help="run one pipeline stage without W&B (and without Prefect, unless "
-                                      "evolve.task_runner is 'dask')")
-    s.add_argument("name", choices=STAGES)
-    s.add_argument("--params", default="params.yaml")
-    s.add_argument("--root", default=".")
-    for p in (a, s):
-        p.add_argument("--retry-failures", action="store_true",
-                       help="ask again every request whose stored answer is a failure (outages are always asked "
-                            "again; this also re-asks deterministic failures). Same as TRINITY_RETRY_FAILURES=1")
-    c = sub.add_parser("check-graders", help="canonical solutions through the graders; one JSON line per benchmark")
-    c.add_argument("rest", nargs=argparse.REMAINDER)
-    args = ap.parse_args(argv)
-    if getattr(args, "retry_failures", False):
-        import os
-
-        os.environ["TRINITY_RETRY_FAILURES"] = "1"  # read by every Store this process opens
-    if args.cmd == "ask":
-        return _ask(args)
-    if args.cmd == "stage":
-        return _stage(args)
-    if args.cmd == "check-graders":
-        from trinity.grading.check import main as check_main
-
-        return check_main(args.rest)
-    return 2
+    """The `trinity` console script; returns the exit code (see EXIT_CODES_HELP)."""
+    try:
+        app(args=argv, prog_name="trinity")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,0 +1,409 @@
+"""Answering a conversation with a trained coordinator: the one path `trinity ask`, `trinity serve` and
+bench/serve_load.py all take.
+
+- `task_from_messages`: an OpenAI-style message list → the `Task` an episode plays. The whole conversation drives
+  the route: the coordinator LM reads every earlier turn (`roles.coordinator_text`), the Worker sees them as real
+  messages, Thinker and Verifier as "Conversation so far". Mapping:
+    * `system` / `developer` messages are instructions: their text (in order) is put before the first user
+      message, separated by a blank line. The role prompts' own system messages stay the ones the coordinator
+      was trained with;
+    * the last message must be a user message: it is the question (`Task.query`);
+    * earlier user / assistant messages become `Task.history` pairs (consecutive messages of one role are joined
+      by a blank line; the conversation must start with a user message);
+    * content is a string or a list of text parts; other part types (images, audio), `tool` / `function`
+      messages and tool calls are refused with the message's index.
+- `Coordinator`: a checkpoint + params loaded once (pool, encoder, response store, head). `answer(task)` plays one
+  argmax episode (the training loop, `play_episodes`); concurrent calls share the pool (stored or in-flight
+  requests cost no call), the encoder and the store. A repeated conversation replays stored responses and states:
+  no pool call, no encoding. Every episode's trace is kept in the store (`trinity.traces`).
+- `EpisodeResult`: the answer (`roles.latest_answer`), who gave it, the turns with their recorded usage, and its
+  outcome: answered, a pool failure (no answer, and a member's call failed: the members and reasons), or no
+  answer (the coordinator ended the episode without a successful Worker turn).
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from trinity.records import ChatMessage, ChatResponse, Task, stable_hash
+
+ANSWER_FORMATS: dict[str, str] = {"free": "judge", "math": "math", "choice": "choice", "code": "code"}
+"""`answer_format` → the task grader whose answer-format instruction the Worker gets (`roles.ANSWER_FORMAT`):
+free = none (an open conversation), math = a final \\boxed{} answer, choice = an 'Answer: X' line, code = one
+Python block."""
+
+INSTRUCTION_ROLES = ("system", "developer")
+CONVERSATION_ROLES = ("user", "assistant")
+
+
+class ConversationError(ValueError):
+    """A message list that cannot be played as a conversation; `param` names where (e.g. 'messages[2].role')."""
+
+    def __init__(self, message: str, param: str | None = "messages"):
+        super().__init__(message)
+        self.param = param
+
+
+class CheckpointError(ValueError):
+    """The checkpoint does not fit the params (pool, head shape) or is missing."""
+
+
+# ------------------------------------------------------------------------------------------ messages
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ConversationError(f"{where}.content[{j}]: part type {kind!r} is not supported (text parts only)",
+                                        f"{where}.content[{j}]")
+            parts.append(part["text"])
+        return "\n".join(parts)
+    if content is None:
+        raise ConversationError(f"{where}.content is missing or null (tool calls are not supported)",
+                                f"{where}.content")
+    raise ConversationError(f"{where}.content must be a string or a list of text parts, got {type(content).__name__}",
+                            f"{where}.content")
+
+
+def chat_messages(messages: Any) -> list[ChatMessage]:
+    """Validate an OpenAI-style message list and return it as ChatMessages (developer → system)."""
+    if messages is None:
+        raise ConversationError("'messages' is required")
+    if not isinstance(messages, list):
+        raise ConversationError(f"'messages' must be a list of message objects, got {type(messages).__name__}")
+    if not messages:
+        raise ConversationError("'messages' is empty: send at least one user message")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ConversationError(f"{where} must be an object with 'role' and 'content', got {type(m).__name__}",
+                                    where)
+        role = m.get("role")
+        if role not in INSTRUCTION_ROLES + CONVERSATION_ROLES:
+            raise ConversationError(f"{where}.role {role!r} is not supported (expected one of "
+                                    f"{', '.join(INSTRUCTION_ROLES + CONVERSATION_ROLES)})", f"{where}.role")
+        if m.get("tool_calls") or m.get("function_call"):
+            raise ConversationError(f"{where}: tool calls are not supported", f"{where}.tool_calls")
+        out.append(ChatMessage("system" if role == "developer" else role, _content_text(m.get("content"), where)))
+    return out
+
+
+def task_from_messages(messages: Any, answer_format: str = "free") -> Task:
+    """The task an episode plays for a conversation (mapping: module doc). Raises ConversationError."""
+    grader = ANSWER_FORMATS.get(answer_format)
+    if grader is None:
+        raise ConversationError(f"answer_format {answer_format!r}: expected one of {', '.join(ANSWER_FORMATS)}",
+                                "answer_format")
+    msgs = chat_messages(messages)
+    instructions = [m.content.strip() for m in msgs if m.role == "system" and m.content.strip()]
+    turns: list[list] = []  # [role, [texts], first index]
+    for i, m in enumerate(msgs):
+        if m.role == "system":
+            continue
+        if turns and turns[-1][0] == m.role:
+            turns[-1][1].append(m.content)
+        else:
+            turns.append([m.role, [m.content], i])
+    if not turns:
+        raise ConversationError("'messages' holds no user message")
+    if turns[0][0] != "user":
+        raise ConversationError(f"messages[{turns[0][2]}]: an assistant message before any user message",
+                                f"messages[{turns[0][2]}]")
+    if turns[-1][0] != "user":
+        raise ConversationError(f"the last message must be the user's question, got an assistant message "
+                                f"(messages[{len(msgs) - 1}])", f"messages[{len(msgs) - 1}]")
+    texts = ["\n\n".join(t[1]) for t in turns]
+    if instructions:
+        texts[0] = "\n\n".join([*instructions, texts[0]])
+    if not texts[-1].strip():
+        raise ConversationError(f"messages[{len(msgs) - 1}].content is empty", f"messages[{len(msgs) - 1}].content")
+    history = tuple(zip(texts[:-1:2], texts[1:-1:2]))
+    ident = stable_hash({"history": history, "query": texts[-1], "grader": grader})[:16]
+    return Task(id=f"chat/{ident}", source="chat", prompt=(texts[-1],), grader=grader, history=history)
+
+
+# ------------------------------------------------------------------------------------------ episodes
+@dataclass(frozen=True)
+class TurnRecord:
+    """One pool call of an episode as the trace shows it. Tokens and latency are those recorded when the call
+    was paid (a stored reply keeps its figures); `stored`: the response store already held the reply (else it
+    is fresh: a new call, or one shared with a concurrent request asking the same)."""
+
+    index: int
+    model: str
+    role: str
+    ok: bool
+    text: str
+    verdict: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    stored: bool
+    error: str | None = None
+
+    @classmethod
+    def of(cls, index: int, model: str, role: str | None, resp: ChatResponse, stored: bool) -> "TurnRecord":
+        verdict = None
+        if role is not None and resp.ok:
+            from trinity.coordinator.roles import Role, turn_of
+
+            verdict = turn_of(model, Role(role), resp).verdict
+        return cls(index=index, model=model, role=role or "direct", ok=resp.ok, text=resp.text, verdict=verdict,
+                   prompt_tokens=resp.prompt_tokens, completion_tokens=resp.completion_tokens,
+                   latency_s=round(resp.latency_s, 3), stored=stored, error=None if resp.ok else resp.error)
+
+    def summary(self) -> dict:
+        """The turn without its text (what the API returns and streams)."""
+        return {"index": self.index, "model": self.model, "role": self.role, "ok": self.ok, "verdict": self.verdict,
+                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "latency_s": self.latency_s, "stored": self.stored, **({"error": self.error} if self.error else {})}
+
+    def as_dict(self) -> dict:
+        return {**self.summary(), "text": self.text}
+
+
+ANSWERED, POOL_FAILURE, NO_ANSWER = "answered", "pool_failure", "no_answer"
+
+
+@dataclass
+class EpisodeResult:
+    """What answering one conversation did (see the module doc for the outcomes)."""
+
+    episode_id: str
+    task: Task
+    turns: list[TurnRecord]
+    answer: str | None
+    answered_by: str | None
+    verifier_first: bool
+    episode_s: float
+    checkpoint: str
+    answer_format: str
+
+    @property
+    def failures(self) -> list[tuple[str, str]]:
+        """(member, reason) of every failed call."""
+        return [(t.model, t.error or "failed") for t in self.turns if not t.ok]
+
+    @property
+    def outcome(self) -> str:
+        if self.answer is not None:
+            return ANSWERED
+        return POOL_FAILURE if self.failures else NO_ANSWER
+
+    @property
+    def reason(self) -> str | None:
+        """Why there is no answer (None when there is one)."""
+        if self.outcome == POOL_FAILURE:
+            return "; ".join(f"pool member {m!r} failed: {why}" for m, why in self.failures)
+        if self.outcome == NO_ANSWER:
+            if self.verifier_first:
+                return "the coordinator picked the Verifier before any Worker answered"
+            return f"no Worker turn in {len(self.turns)} turn(s) (the coordinator's picks: " \
+                   f"{', '.join(t.role for t in self.turns) or 'none'})"
+        return None
+
+    @property
+    def usage(self) -> dict:
+        """Tokens summed over every pool call of the episode (OpenAI `usage` shape)."""
+        pt = sum(t.prompt_tokens for t in self.turns)
+        ct = sum(t.completion_tokens for t in self.turns)
+        return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+
+    def summary(self) -> dict:
+        """The trace without texts (the API's `trinity` field)."""
+        return {"episode_id": self.episode_id, "checkpoint": self.checkpoint, "answer_format": self.answer_format,
+                "outcome": self.outcome, "answered_by": self.answered_by, "reason": self.reason,
+                "turns": [t.summary() for t in self.turns], "usage": self.usage,
+                "fresh_replies": sum(not t.stored for t in self.turns),
+                "stored_replies": sum(t.stored for t in self.turns),
+                "episode_s": round(self.episode_s, 3)}
+
+    def trace(self) -> dict:
+        """The full trace (what the store keeps and `trinity trace` renders): the conversation and every text."""
+        return {**self.summary(), "turns": [t.as_dict() for t in self.turns], "answer": self.answer,
+                "conversation": {"history": [list(h) for h in self.task.history], "query": self.task.query}}
+
+
+class _ObservedPool:
+    """The pool as one episode sees it: every reply is also reported to `on_call` (member index, role, reply,
+    whether the store already held it) as soon as it arrives, for the trace and for streaming."""
+
+    def __init__(self, pool, on_call: Callable[[int, str | None, ChatResponse, bool], None]):
+        self._pool, self._on_call = pool, on_call
+
+    def __len__(self) -> int:
+        return len(self._pool)
+
+    @property
+    def names(self) -> list[str]:
+        return self._pool.names
+
+    def signature(self) -> tuple:
+        return self._pool.signature()
+
+    def key(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> str:
+        return self._pool.key(idx, messages, role)
+
+    async def complete_many(self, requests: Sequence) -> list[ChatResponse]:
+        store = self._pool.store
+        stored = [store is not None and store.get_response(r[2]) is not None for r in requests]
+        replies = await self._pool.complete_many(requests)
+        for r, resp, s in zip(requests, replies, stored):
+            self._on_call(r[0], r[1], resp, s)
+        return replies
+
+
+def _ungraded(task: Task, answer: str) -> float:
+    return 0.0  # a served conversation has no reference answer
+
+
+def checkpoint_stem(path: str | Path) -> Path:
+    """`data/checkpoints` (a directory holding coordinator.npy + .json), or the stem / either file."""
+    p = Path(path)
+    if p.is_dir():
+        stems = sorted({f.with_suffix("") for f in p.glob("*.npy") if f.with_suffix(".json").exists()})
+        if len(stems) != 1:
+            raise CheckpointError(f"checkpoint directory {p}: expected one <name>.npy + <name>.json pair, found "
+                                  f"{[s.name for s in stems] or 'none'}")
+        return stems[0]
+    stem = p.with_suffix("") if p.suffix in (".npy", ".json") else p
+    if not (stem.with_suffix(".npy").exists() and stem.with_suffix(".json").exists()):
+        raise CheckpointError(f"checkpoint {p}: expected {stem.name}.npy and {stem.name}.json beside each other "
+                              "(train one with `dvc repro` or `trinity stage evolve`)")
+    return stem
+
+
+class Coordinator:
+    """A trained coordinator loaded to answer conversations: settings, pool, encoder, store and head, built once
+    and shared by every request. Use in one event loop (the pool's HTTP clients and in-flight map belong to it)."""
+
+    def __init__(self, settings, params: np.ndarray, meta: dict, store, *, encoder=None, pool=None,
+                 checkpoint_path: str = ""):
+        from trinity import stages
+        from trinity.coordinator.episode import StateCache
+        from trinity.coordinator.features import checkpoint_features
+        from trinity.evaluation import policy_from_params
+        from trinity.pool.runtime import build_pool
+        from trinity.traces import TraceLog
+
+        self.settings = settings
+        self.store = store
+        self.pool = pool if pool is not None else build_pool(settings.pool, store, stages._role_caps(settings))
+        trained = [p["name"] for p in meta.get("pool", [])]
+        if trained != self.pool.names:
+            raise CheckpointError(f"checkpoint {checkpoint_path or '?'} was trained on pool {trained}, but "
+                                  f"{settings.source_path or 'the params'} configures {self.pool.names}: use the "
+                                  "params the checkpoint was trained with")
+        self.encoder = encoder if encoder is not None else stages.make_encoder(settings)
+        self.states = StateCache(self.encoder, store, features=checkpoint_features(meta))
+        try:
+            delta, self.head = policy_from_params(settings, params, len(self.pool), self.states)
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint {checkpoint_path or '?'} does not fit encoder "
+                                  f"{self.encoder.encoder_id} and pool {self.pool.names}: {e}") from None
+        self.adapters = None if delta is None else [delta]
+        self.meta = meta
+        self.checkpoint_path = checkpoint_path
+        self.checkpoint_id = stable_hash({
+            "params": hashlib.sha256(np.ascontiguousarray(params, dtype=np.float64).tobytes()).hexdigest(),
+            "features": meta.get("features"), "encoder": self.encoder.encoder_id,
+            "pool": repr(self.pool.signature()), "coordinator": settings.coordinator.model_dump()})[:16]
+        self.traces = TraceLog(store)
+        self._owns_store = False
+
+    @classmethod
+    def load(cls, checkpoint: str | Path, params: str | Path, store_path: str | Path, *, writer: bool = True,
+             encoder=None) -> "Coordinator":
+        """Load params + checkpoint and open the store (closed by `close`, or at the end of a `with` block).
+        writer=True: this process must be the store's writer (DuckDB: one writer process), else a RuntimeError;
+        writer=False: a reader when another process writes it (`Store.open_or_read`: then what this process
+        computes is not saved)."""
+        from trinity.config import load_settings
+        from trinity.evolve.sep_cma import load_checkpoint
+        from trinity.store import Store
+        from trinity.tracking_redact import register_pool
+
+        settings = load_settings(params)
+        register_pool(settings.pool)
+        stem = checkpoint_stem(checkpoint)
+        flat, meta = load_checkpoint(stem)
+        store = Store(store_path) if writer else Store.open_or_read(store_path)
+        try:
+            coordinator = cls(settings, flat, meta, store, encoder=encoder, checkpoint_path=str(stem))
+        except BaseException:
+            store.close()
+            raise
+        coordinator._owns_store = True
+        return coordinator
+
+    def close(self) -> None:
+        """Close the trace log, and the store when `load` opened it."""
+        self.traces.close()
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> "Coordinator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def episode_id(self, task: Task) -> str:
+        """The same conversation asked of the same coordinator has the same id (its replay is the same episode)."""
+        return "ep-" + stable_hash({"checkpoint": self.checkpoint_id, "history": task.history, "query": task.query,
+                                    "grader": task.grader})[:16]
+
+    async def answer(self, task: Task, on_turn: Callable[[TurnRecord], None] | None = None) -> EpisodeResult:
+        """Play one argmax episode for `task`; `on_turn` sees each turn as its reply arrives. The trace is saved."""
+        from trinity.coordinator.episode import Episode, play_episodes
+        from trinity.coordinator.roles import is_answer
+
+        t0 = time.perf_counter()
+        records: list[TurnRecord] = []
+
+        def on_call(idx: int, role: str | None, resp: ChatResponse, stored: bool) -> None:
+            rec = TurnRecord.of(len(records), self.pool.names[idx], role, resp, stored)
+            records.append(rec)
+            if on_turn is not None:
+                on_turn(rec)
+
+        ep = Episode(task=task, candidate=0, rng=None)
+        await play_episodes([ep], [self.head], _ObservedPool(self.pool, on_call), self.states,
+                            self.settings.coordinator.max_turns, self.settings.reward, _ungraded,
+                            adapters=self.adapters)
+        answered_by = next((t.model for t in reversed(ep.turns) if is_answer(t)), None) if ep.answer else None
+        fmt = next(k for k, v in ANSWER_FORMATS.items() if v == task.grader)
+        result = EpisodeResult(episode_id=self.episode_id(task), task=task, turns=records, answer=ep.answer,
+                               answered_by=answered_by, verifier_first=ep.verifier_first,
+                               episode_s=time.perf_counter() - t0, checkpoint=self.checkpoint_id, answer_format=fmt)
+        self.traces.save(result.trace())
+        return result
+
+    def member_index(self, name: str) -> int | None:
+        return self.pool.names.index(name) if name in self.pool.names else None
+
+    async def ask_member(self, name: str, messages: Sequence[ChatMessage]) -> TurnRecord:
+        """One call to pool member `name`, bypassing the coordinator (through the response store all the same)."""
+        idx = self.member_index(name)
+        if idx is None:
+            raise KeyError(name)
+        store = self.pool.store
+        stored = store is not None and store.get_response(self.pool.key(idx, messages)) is not None
+        resp = await self.pool.complete(idx, messages)
+        return TurnRecord.of(0, name, None, resp, stored)
+
+
+def answer_now(coordinator: Coordinator, task: Task) -> EpisodeResult:
+    """`Coordinator.answer` from synchronous code (the CLI), on a fresh event loop."""
+    return asyncio.run(coordinator.answer(task))
+

@@ -1,0 +1,385 @@
+"""`trinity serve`: the trained coordinator as one OpenAI-compatible model (FastAPI + uvicorn).
+
+Routes:
+- `GET /v1/models`: `trinity` (the coordinator) and every pool member (callable directly, bypassing it);
+  `GET /v1/models/{id}` one of them.
+- `POST /v1/chat/completions`:
+    * `model: "trinity"` plays one episode over the whole message list (`conversation.task_from_messages`) and
+      returns the final Worker answer in the standard shape; `usage` is summed over every pool call of the
+      episode (as recorded when paid: a stored reply keeps its figures); the `trinity` field is the trace
+      (`EpisodeResult.summary`: episode id, who answered, per turn model / role / tokens / latency / verdict /
+      stored). Extension: `answer_format` (free, math, choice, code; default free).
+    * a member's name: one call to that member (through the response store).
+    * `stream: true`: server-sent events in the chat.completion.chunk format: a role chunk at once, one chunk per
+      turn as its reply arrives (empty delta, the turn in the extra field `trinity.turn`), the answer as content
+      deltas, a final chunk with finish_reason "stop" and the trace, the usage chunk when
+      `stream_options.include_usage`, then `data: [DONE]`. A failure after the stream started is an `error` event.
+- Errors, in the OpenAI error shape `{"error": {"message", "type", "param", "code"}}`: malformed JSON 400,
+  missing / empty / malformed messages 400, an unsupported parameter 400 (each member samples with its configured
+  settings, so `temperature`, `max_tokens`, tools... are refused by name rather than ignored), unknown model 404,
+  body over `max_body_bytes` 413, a missing or wrong bearer token 401 (when `TRINITY_API_KEY` is set), a pool
+  failure 502 (the members and reasons), an episode that ended without an answer 500 (code `no_answer`).
+
+Concurrency: one process, one event loop, one `Coordinator` — one pool (requests stored or in flight are shared,
+not repeated), one encoder, one store (this process is its only writer). An episode runs as its own task: a client
+that disconnects does not cancel it (other requests may share its calls); it finishes and is stored, so asking
+again is served from the store. The encoder runs on the event loop (a turn's encode briefly holds other requests).
+
+The API key is compared in constant time and never logged, traced or stored: it is registered with
+`tracking_redact` and every log line goes through its `RedactingFilter`.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import sys
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from trinity.conversation import (ANSWER_FORMATS, ANSWERED, NO_ANSWER, ConversationError, Coordinator, EpisodeResult,
+                                  chat_messages, task_from_messages)
+from trinity.tracking_redact import RedactingFilter, redact_text, register_secret_env_names
+
+log = logging.getLogger("trinity.serve")
+
+COORDINATOR_MODEL = "trinity"
+API_KEY_ENV = "TRINITY_API_KEY"
+DEFAULT_MAX_BODY_BYTES = 1_000_000
+SHUTDOWN_WAIT_S = 60.0
+"""At shutdown, how long episodes still running (their clients gone) may take to finish into the store."""
+SUPPORTED_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "user", "n", "answer_format"})
+"""Request fields accepted; any other field with a non-null value is refused by name (400)."""
+
+
+class ApiError(Exception):
+    """An error answered in the OpenAI shape."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, extra: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code, self.extra = (
+            status, message, type_, param, code, extra)
+
+    def body(self) -> dict:
+        err = {"message": redact_text(self.message), "type": self.type, "param": self.param, "code": self.code}
+        if self.extra:
+            err.update(self.extra)
+        return {"error": err}
+
+
+def _sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+def _content_pieces(text: str, words: int = 4) -> list[str]:
+    """The answer as streamed content deltas: runs of `words` words, whitespace kept (they join to the text)."""
+    tokens = re.findall(r"\s*\S+\s*|\s+", text)
+    return ["".join(tokens[i:i + words]) for i in range(0, len(tokens), words)] or [""]
+
+
+def episode_error(result: EpisodeResult) -> ApiError:
+    """The API error of an episode without an answer: 502 for a pool failure, 500 for no answer."""
+    if result.outcome == NO_ANSWER:
+        return ApiError(500, f"the coordinator ended episode {result.episode_id} without an answer: {result.reason}",
+                        "server_error", code="no_answer", extra={"trinity": result.summary()})
+    failed = [{"member": m, "reason": why} for m, why in result.failures]
+    return ApiError(502, f"episode {result.episode_id}: no answer; {result.reason}", "upstream_error",
+                    code="pool_failure", extra={"members": failed, "trinity": result.summary()})
+
+
+def parse_request(body: Any, models: list[str]) -> dict:
+    """Validate a chat-completions body; returns {model, messages, stream, include_usage, answer_format}."""
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_body")
+    for k, v in body.items():
+        if k not in SUPPORTED_PARAMS and v is not None:
+            raise ApiError(400, f"parameter {k!r} is not supported: the coordinator and each pool member use the "
+                                f"sampling settings of their params file; supported: {', '.join(sorted(SUPPORTED_PARAMS))}",
+                           param=k, code="unsupported_parameter")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required: 'trinity' or a pool member's name", param="model",
+                       code="missing_model")
+    if model not in models:
+        raise ApiError(404, f"model {model!r} does not exist here; available: {', '.join(models)}", param="model",
+                       code="model_not_found")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise ApiError(400, f"'n' must be 1 (one answer per request), got {n!r}", param="n", code="unsupported_parameter")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, f"'stream' must be true or false, got {stream!r}", param="stream", code="invalid_type")
+    opts = body.get("stream_options")
+    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}
+                             or not isinstance(opts.get("include_usage", False), bool)):
+        raise ApiError(400, "'stream_options' supports only {\"include_usage\": true|false}", param="stream_options",
+                       code="unsupported_parameter")
+    fmt = body.get("answer_format")
+    if fmt is not None and model != COORDINATOR_MODEL:
+        raise ApiError(400, "'answer_format' applies to model 'trinity' only", param="answer_format",
+                       code="unsupported_parameter")
+    if fmt is not None and fmt not in ANSWER_FORMATS:
+        raise ApiError(400, f"'answer_format' must be one of {', '.join(ANSWER_FORMATS)}, got {fmt!r}",
+                       param="answer_format", code="invalid_value")
+    return {"model": model, "messages": body.get("messages"), "stream": bool(stream),
+            "include_usage": bool((opts or {}).get("include_usage")), "answer_format": fmt or "free"}
+
+
+def create_app(coordinator: Coordinator, *, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+    """The FastAPI app serving `coordinator`. `api_key`: the bearer token every request must carry (None: open)."""
+    running: set[asyncio.Task] = set()  # episodes in flight (kept referenced: a disconnect does not cancel them)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        if running:  # at shutdown, episodes whose clients left finish into the store
+            log.info("waiting for %d episode(s) in flight", len(running))
+            await asyncio.wait(list(running), timeout=SHUTDOWN_WAIT_S)
+
+    app = FastAPI(title="Trinity", description="The trained coordinator as one OpenAI-compatible model",
+                  docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    models = [COORDINATOR_MODEL, *coordinator.pool.names]
+    app.state.coordinator, app.state.running = coordinator, running
+    token = api_key.encode() if api_key else None
+
+    def error_response(e: ApiError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        return error_response(ApiError(e.status_code, str(e.detail), code="not_found" if e.status_code == 404 else None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception):
+        log.error("unexpected error on %s: %s: %s", request.url.path, type(e).__name__, e, exc_info=e)
+        return error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error",
+                                       code="internal_error"))
+
+    def check_auth(request: Request) -> None:
+        if token is None:
+            return
+        got = request.headers.get("authorization", "")
+        scheme, _, value = got.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip().encode(), token):
+            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <TRINITY_API_KEY>'",
+                           "authentication_error", code="invalid_api_key")
+
+    async def read_json(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+            raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {max_body_bytes} bytes "
+                                "(trinity serve --max-body-bytes)", code="request_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise ApiError(413, f"request body exceeds the limit of {max_body_bytes} bytes "
+                                    "(trinity serve --max-body-bytes)", code="request_too_large")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not raw.strip():
+            raise ApiError(400, "the request body is empty: expected a JSON object", code="invalid_json")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0,
+                "owned_by": "trinity" if name == COORDINATOR_MODEL else "trinity-pool"}
+
+    @app.get("/v1/models")
+    async def list_models(request: Request):
+        check_auth(request)
+        return {"object": "list", "data": [model_card(m) for m in models]}
+
+    @app.get("/v1/models/{model_id}")
+    async def get_model(model_id: str, request: Request):
+        check_auth(request)
+        if model_id not in models:
+            raise ApiError(404, f"model {model_id!r} does not exist here; available: {', '.join(models)}",
+                           param="model", code="model_not_found")
+        return model_card(model_id)
+
+    def start_episode(task, on_turn=None) -> asyncio.Task:
+        t = asyncio.ensure_future(coordinator.answer(task, on_turn))
+        running.add(t)
+        t.add_done_callback(running.discard)
+        return t
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        t0 = time.perf_counter()
+        check_auth(request)
+        req = parse_request(await read_json(request), models)
+        try:
+            if req["model"] == COORDINATOR_MODEL:
+                task = task_from_messages(req["messages"], req["answer_format"])
+            else:
+                messages = chat_messages(req["messages"])
+        except ConversationError as e:
+            raise ApiError(400, str(e), param=e.param, code="invalid_messages") from None
+        created = int(time.time())
+        if req["model"] != COORDINATOR_MODEL:
+            return await member_completion(req, messages, created, t0)
+        if req["stream"]:
+            return StreamingResponse(stream_episode(task, req, created, t0), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        result = await asyncio.shield(start_episode(task))
+        log_episode(result, t0)
+        if result.outcome != ANSWERED:
+            raise episode_error(result)
+        return completion_body(result, created)
+
+    def completion_body(result: EpisodeResult, created: int) -> dict:
+        return {"id": f"chatcmpl-{result.episode_id}", "object": "chat.completion", "created": created,
+                "model": COORDINATOR_MODEL,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer},
+                             "finish_reason": "stop"}],
+                "usage": result.usage, "trinity": result.summary()}
+
+    def log_episode(result: EpisodeResult, t0: float) -> None:
+        log.info("%s %s: %d turn(s), %d fresh repl(ies), %d from the store, answered by %s, %.2fs",
+                 result.episode_id, result.outcome, len(result.turns), result.summary()["fresh_replies"],
+                 result.summary()["stored_replies"], result.answered_by, time.perf_counter() - t0)
+
+    async def member_completion(req: dict, messages, created: int, t0: float):
+        turn = await asyncio.shield(asyncio.ensure_future(coordinator.ask_member(req["model"], messages)))
+        log.info("direct %s: %s, stored=%s, %.2fs", req["model"], "ok" if turn.ok else "failed", turn.stored,
+                 time.perf_counter() - t0)
+        if not turn.ok:
+            raise ApiError(502, f"pool member {req['model']!r} failed: {turn.error}", "upstream_error",
+                           code="pool_failure", extra={"members": [{"member": req["model"], "reason": turn.error}]})
+        usage = {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
+                 "total_tokens": turn.prompt_tokens + turn.completion_tokens}
+        trace = {"turns": [turn.summary()], "answered_by": req["model"]}
+        cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        if not req["stream"]:
+            return {"id": cid, "object": "chat.completion", "created": created, "model": req["model"],
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.text},
+                                 "finish_reason": "stop"}], "usage": usage, "trinity": trace}
+
+        async def events():
+            yield _sse(chunk(cid, created, req["model"], {"role": "assistant", "content": ""}))
+            for piece in _content_pieces(turn.text):
+                yield _sse(chunk(cid, created, req["model"], {"content": piece}))
+            yield _sse({**chunk(cid, created, req["model"], {}, "stop"), "trinity": trace})
+            if req["include_usage"]:
+                yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": req["model"],
+                            "choices": [], "usage": usage})
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    def chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None) -> dict:
+        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    async def stream_episode(task, req: dict, created: int, t0: float):
+        queue: asyncio.Queue = asyncio.Queue()
+        episode = start_episode(task, queue.put_nowait)
+        episode.add_done_callback(lambda _: queue.put_nowait(None))
+        cid = f"chatcmpl-{coordinator.episode_id(task)}"
+        yield _sse(chunk(cid, created, COORDINATOR_MODEL, {"role": "assistant", "content": ""}))
+        while (turn := await queue.get()) is not None:
+            yield _sse({**chunk(cid, created, COORDINATOR_MODEL, {}), "trinity": {"turn": turn.summary()}})
+        try:
+            result = episode.result()
+        except Exception as e:  # noqa: BLE001 - the stream has started: the error goes out as an event
+            log.error("episode failed: %s: %s", type(e).__name__, e, exc_info=e)
+            yield _sse(ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error",
+                                code="internal_error").body())
+            yield b"data: [DONE]\n\n"
+            return
+        log_episode(result, t0)
+        if result.outcome != ANSWERED:
+            yield _sse(episode_error(result).body())
+            yield b"data: [DONE]\n\n"
+            return
+        for piece in _content_pieces(result.answer):
+            yield _sse(chunk(cid, created, COORDINATOR_MODEL, {"content": piece}))
+        yield _sse({**chunk(cid, created, COORDINATOR_MODEL, {}, "stop"), "trinity": result.summary()})
+        if req["include_usage"]:
+            yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": COORDINATOR_MODEL,
+                        "choices": [], "usage": result.usage})
+        yield b"data: [DONE]\n\n"
+
+    return app
+
+
+def configure_logging(level: str = "info") -> None:
+    """Log lines to stderr, every one through `RedactingFilter` (uvicorn's own loggers included)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    for name in ("trinity", "uvicorn", "uvicorn.error", "uvicorn.access"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = []
+        lg.propagate = True
+        lg.setLevel(level.upper())
+
+
+def api_key_from_env() -> str | None:
+    """TRINITY_API_KEY (registered as a secret: redacted wherever it might be written)."""
+    register_secret_env_names([API_KEY_ENV])
+    return os.environ.get(API_KEY_ENV) or None
+
+
+def run_server(coordinator: Coordinator, host: str = "127.0.0.1", port: int = 8000, *,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info",
+               on_ready=None) -> None:
+    """Serve until interrupted (uvicorn, one worker: the store has one writer). `on_ready(port)` runs once bound."""
+    import uvicorn
+
+    configure_logging(log_level)
+    api_key = api_key_from_env()
+    app = create_app(coordinator, api_key=api_key, max_body_bytes=max_body_bytes)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level, access_log=True,
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+
+    async def main() -> None:
+        serving = asyncio.ensure_future(server.serve())
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.05)
+        if server.started:
+            bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
+            log.info("serving %s on http://%s:%d/v1 (models: %s; auth %s)", coordinator.checkpoint_path, host, bound,
+                     ", ".join([COORDINATOR_MODEL, *coordinator.pool.names]), "on" if api_key else "off")
+            if on_ready is not None:
+                on_ready(bound)
+        await serving
+
+    def terminate(signum, frame):
+        raise KeyboardInterrupt
+
+    # uvicorn shuts down gracefully on SIGINT / SIGTERM, then raises the signal again: both end here as a
+    # KeyboardInterrupt, so the caller closes the store and the process exits 0.
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    log.info("stopped")

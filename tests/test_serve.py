@@ -1,0 +1,408 @@
+"""`trinity serve` end to end: a real server process on 127.0.0.1 (started by the test through the CLI), the real
+bundled encoder (SmolLM2-135M), a checkpoint written by the real `save_checkpoint`, pool members served over real
+HTTP by tests/fake_openai_server.py (fast, and failing on demand), and the official `openai` client (sync, async,
+streaming); raw HTTP for the error cases.
+
+The checkpoint's head reads only the bias feature of a standardising feature map (mean 0, scale 1), so its picks
+are known: member `alpha` every turn, role Thinker unless forced. The fake Thinker always suggests a Worker, so an
+episode is Thinker → Worker → Thinker (max_turns 3): three calls, the answer from the Worker.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from fake_openai_server import FakeOpenAIServer
+
+from trinity.evolve.sep_cma import save_checkpoint
+
+pytestmark = pytest.mark.timeout(300)
+
+HIDDEN = 576
+"""SmolLM2-135M's hidden size: the head reads [h (576), bias]."""
+MEMBERS = ("alpha", "beta", "broken")
+THINKER_REPLY = "<suggestion>Add the numbers carefully.</suggestion><suggested_role>worker</suggested_role>"
+API_KEY = "trinity-test-key-" + secrets.token_hex(12)
+MAX_BODY = 4096
+
+
+def worker_reply(question: str) -> str:
+    return f"Answer: 42 (to: {question})"
+
+
+class PoolReplies:
+    """The fake members' replies by role prompt; records the messages every call carried."""
+
+    def __init__(self):
+        self.seen: list[list[dict]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, messages: list[dict]) -> str:
+        with self._lock:
+            self.seen.append(messages)
+        system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+        if "strategic thinker" in system:
+            return THINKER_REPLY
+        if "strict verifier" in system:
+            return "ACCEPT - the answer is right."
+        return worker_reply(str(messages[-1]["content"]).split("\n\n")[0])
+
+
+def write_params(path: Path, base_url: str, max_turns: int = 3) -> Path:
+    members = "\n".join(
+        f"    - {{name: {name}, backend: openai, model: '{model}', base_url: '{base_url}', max_retries: 0, "
+        f"timeout_s: 20, max_concurrency: 4}}"
+        for name, model in zip(MEMBERS, ("fake-a", "fake-b", "fake:503")))
+    path.write_text(f"pool:\n  max_concurrency: 8\n  members:\n{members}\n"
+                    f"coordinator:\n  max_turns: {max_turns}\n  max_encode_tokens: 384\n"
+                    f"  thinker_max_tokens: 32\n  verifier_max_tokens: 16\n")
+    return path
+
+
+def write_checkpoint(stem: Path, members=MEMBERS, model: int = 0, role: int = 0) -> Path:
+    """A checkpoint whose head always picks member `model` and role `role` (0 Thinker, 1 Worker, 2 Verifier)."""
+    n = len(members)
+    W = np.zeros((n + 3, HIDDEN + 1))
+    W[model, -1] = 1.0
+    W[n + role, -1] = 1.0
+    save_checkpoint(stem, W.ravel(), {
+        "pool": [{"name": m} for m in members], "encoder": "smollm2-135m-instruct",
+        "features": {"norm": "standardize", "mean": [0.0] * HIDDEN, "scale": [1.0] * HIDDEN, "bias": 1.0}})
+    return stem
+
+
+class ServerProcess:
+    """`trinity serve --port 0` in a child process; its log (stdout + stderr) collected line by line."""
+
+    def __init__(self, args: list[str], env: dict, startup_s: float = 240):
+        self.proc = subprocess.Popen([sys.executable, "-m", "trinity.cli", "serve", "--port", "0", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.lines: list[str] = []
+        self.base_url = ""
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._ready.wait(startup_s) or not self.base_url:
+            self.stop()
+            pytest.fail(f"trinity serve did not start:\n{self.log}")
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                self.base_url = m.group(1)
+                self._ready.set()
+        self._ready.set()  # the process ended
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        time.sleep(0.2)  # the reader thread drains the last lines
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    replies = PoolReplies()
+    fake = FakeOpenAIServer(reply=replies).start()
+    d = tmp_path_factory.mktemp("serve")
+    params = write_params(d / "params.yaml", fake.base_url)
+    write_checkpoint(d / "checkpoints" / "coordinator")
+    env = {**os.environ, "TRINITY_API_KEY": API_KEY}
+    server = ServerProcess(["--params", str(params), "--checkpoint", str(d / "checkpoints"),
+                            "--store", str(d / "store" / "trinity.duckdb"), "--max-body-bytes", str(MAX_BODY)], env)
+    yield {"fake": fake, "replies": replies, "server": server, "dir": d, "params": params}
+    server.stop()
+    fake.stop()
+
+
+@pytest.fixture
+def client(setup):
+    with openai.OpenAI(base_url=setup["server"].base_url, api_key=API_KEY, max_retries=0, timeout=120) as c:
+        yield c
+
+
+def _http(setup) -> httpx.Client:
+    return httpx.Client(base_url=setup["server"].base_url, timeout=120,
+                        headers={"Authorization": f"Bearer {API_KEY}"})
+
+
+def _fail_next(fake: FakeOpenAIServer, model: str, modes: list[str]) -> None:
+    with fake._lock:
+        fake.scripts[model] = list(modes)
+
+
+def test_models_lists_trinity_and_every_member(client):
+    assert [m.id for m in client.models.list().data] == ["trinity", *MEMBERS]
+    assert client.models.retrieve("alpha").id == "alpha"
+
+
+def test_completion_is_the_worker_answer_with_usage_and_trace_and_a_repeat_is_served_from_the_store(setup, client):
+    fake = setup["fake"]
+    q = "What is 40 plus 2?"
+    calls0, billed0 = fake.request_count, fake.stats()
+    r = client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q}])
+    assert r.object == "chat.completion" and r.model == "trinity"
+    assert r.choices[0].message.role == "assistant" and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == worker_reply(q)
+    tr = r.model_extra["trinity"]
+    assert [(t["model"], t["role"]) for t in tr["turns"]] == [("alpha", "thinker"), ("alpha", "worker"),
+                                                             ("alpha", "thinker")]
+    assert tr["answered_by"] == "alpha" and tr["outcome"] == "answered" and tr["episode_id"].startswith("ep-")
+    assert all(t["ok"] and not t["stored"] and t["latency_s"] > 0 and t["verdict"] is None for t in tr["turns"])
+    assert tr["fresh_replies"] == 3 == fake.request_count - calls0
+    # usage: summed over every pool call, equal to what the endpoint billed
+    billed = fake.stats()
+    assert r.usage.prompt_tokens == billed["billed_prompt_tokens"] - billed0["billed_prompt_tokens"] \
+        == sum(t["prompt_tokens"] for t in tr["turns"])
+    assert r.usage.completion_tokens == billed["billed_completion_tokens"] - billed0["billed_completion_tokens"]
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+    again = client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q}])
+    assert fake.request_count == calls0 + 3  # no new pool call
+    tr2 = again.model_extra["trinity"]
+    assert again.choices[0].message.content == r.choices[0].message.content and again.id == r.id
+    assert tr2["fresh_replies"] == 0 and all(t["stored"] for t in tr2["turns"])
+    assert again.usage == r.usage  # a stored reply keeps its recorded figures
+
+
+def test_streaming_sends_a_role_chunk_turns_content_deltas_usage_and_done(setup, client):
+    q = "What is 50 minus 8?"
+    chunks = list(client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q}],
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    turns = [c.model_extra["trinity"]["turn"] for c in chunks if "turn" in (c.model_extra.get("trinity") or {})]
+    assert [(t["index"], t["model"], t["role"]) for t in turns] == [(0, "alpha", "thinker"), (1, "alpha", "worker"),
+                                                                    (2, "alpha", "thinker")]
+    content = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(content) == worker_reply(q) and len(content) > 1  # deltas, not one blob
+    final = [c for c in chunks if c.choices and c.choices[0].finish_reason == "stop"]
+    assert len(final) == 1 and final[0].model_extra["trinity"]["answered_by"] == "alpha"
+    assert len({c.id for c in chunks}) == 1
+    usage = chunks[-1]
+    assert usage.choices == [] and usage.usage.total_tokens == sum(
+        t["prompt_tokens"] + t["completion_tokens"] for t in turns)
+    with _http(setup) as http:  # the wire format itself: SSE data lines ending with [DONE]
+        body = http.post("/chat/completions", json={"model": "trinity", "stream": True,
+                                                    "messages": [{"role": "user", "content": q}]})
+    assert body.status_code == 200 and body.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in body.text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    assert json.loads(events[0][6:])["object"] == "chat.completion.chunk"
+
+
+def test_concurrent_async_requests_share_one_pool(setup):
+    fake = setup["fake"]
+    same = "What is 6 times 7?"
+    others = ["What is 84 divided by 2?", "What is 21 plus 21?"]
+    calls0 = fake.request_count
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=setup["server"].base_url, api_key=API_KEY, max_retries=0,
+                                      timeout=180) as c:
+            return await asyncio.gather(*(c.chat.completions.create(
+                model="trinity", messages=[{"role": "user", "content": q}]) for q in [same] * 4 + others))
+
+    rs = asyncio.run(run())
+    assert [r.choices[0].message.content for r in rs] == [worker_reply(q) for q in [same] * 4 + others]
+    assert len({r.model_extra["trinity"]["episode_id"] for r in rs[:4]}) == 1
+    assert fake.request_count - calls0 == 3 * 3  # identical concurrent episodes share their calls
+
+
+def test_the_whole_conversation_drives_the_episode(setup, client):
+    replies = setup["replies"]
+    n0 = len(replies.seen)
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "I have 40 apples."},
+                {"role": "assistant", "content": "Noted: 40 apples."},
+                {"role": "user", "content": [{"type": "text", "text": "I buy 2 more. How many now?"}]}]
+    r = client.chat.completions.create(model="trinity", messages=messages)
+    assert r.choices[0].message.content == worker_reply("I buy 2 more. How many now?")
+    worker = next(m for m in replies.seen[n0:] if m[0]["content"].startswith("You are a careful expert"))
+    assert [(m["role"], m["content"]) for m in worker[1:3]] == [("user", "Be brief.\n\nI have 40 apples."),
+                                                                ("assistant", "Noted: 40 apples.")]
+    thinker = next(m for m in replies.seen[n0:] if "strategic thinker" in m[0]["content"])
+    assert "Conversation so far" in thinker[-1]["content"] and "I have 40 apples." in thinker[-1]["content"]
+    alone = client.chat.completions.create(model="trinity", messages=[messages[-1]])
+    assert alone.model_extra["trinity"]["episode_id"] != r.model_extra["trinity"]["episode_id"]
+
+
+ERROR_CASES = [
+    # (body or raw bytes, status, code, param)
+    (b"{not json", 400, "invalid_json", None),
+    (b"", 400, "invalid_json", None),
+    ([1, 2], 400, "invalid_body", None),
+    ({"model": "trinity"}, 400, "invalid_messages", "messages"),
+    ({"model": "trinity", "messages": []}, 400, "invalid_messages", "messages"),
+    ({"model": "trinity", "messages": "hi"}, 400, "invalid_messages", "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, 400, "missing_model", "model"),
+    ({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found", "model"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2}, 400,
+     "unsupported_parameter", "temperature"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400,
+     "unsupported_parameter", "tools"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "unsupported_parameter", "n"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "answer_format": "essay"}, 400,
+     "invalid_value", "answer_format"),
+    ({"model": "trinity", "messages": [{"role": "tool", "content": "x"}]}, 400, "invalid_messages",
+     "messages[0].role"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
+     "invalid_messages", "messages[0].content[0]"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+     400, "invalid_messages", "messages[1]"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": "x" * MAX_BODY}]}, 413, "request_too_large", None),
+]
+
+
+def test_bad_requests_get_openai_shaped_errors_with_the_right_status(setup):
+    with _http(setup) as http:
+        for body, status, code, param in ERROR_CASES:
+            if isinstance(body, bytes):
+                r = http.post("/chat/completions", content=body, headers={"Content-Type": "application/json"})
+            else:
+                r = http.post("/chat/completions", json=body)
+            assert r.status_code == status, (body, r.text)
+            err = r.json()["error"]
+            assert (err["code"], err["param"]) == (code, param), (body, err)
+            assert err["message"] and err["type"] == "invalid_request_error"
+        chunked = http.post("/chat/completions", content=iter([b"x" * 3000, b"x" * 3000]))  # no Content-Length
+        assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
+        assert http.get("/nowhere").json()["error"]["code"] == "not_found"
+        assert http.get("/models").status_code == 200  # still healthy
+
+
+def test_a_missing_or_wrong_key_gets_401(setup):
+    url = setup["server"].base_url
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        r = httpx.post(f"{url}/chat/completions", headers=headers,
+                       json={"model": "trinity", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert r.json()["error"]["type"] == "authentication_error" and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(f"{url}/models", headers=headers).status_code == 401
+    with openai.OpenAI(base_url=url, api_key="not-the-key", max_retries=0) as c:
+        with pytest.raises(openai.AuthenticationError):
+            c.models.list()
+
+
+def test_a_pool_failure_is_a_502_naming_the_member_and_the_reason(setup, client):
+    fake = setup["fake"]
+    with _http(setup) as http:
+        r = http.post("/chat/completions", json={"model": "broken", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 502
+        err = r.json()["error"]
+        assert err["members"] == [{"member": "broken", "reason": "http 503: upstream failure 503"}]
+        assert "'broken'" in err["message"] and "503" in err["message"] and err["code"] == "pool_failure"
+
+        q = "What is 43 minus 1?"
+        _fail_next(fake, "fake-a", ["503"] * 3)
+        r = http.post("/chat/completions", json={"model": "trinity", "messages": [{"role": "user", "content": q}]})
+        assert r.status_code == 502, r.text
+        err = r.json()["error"]
+        assert {m["member"] for m in err["members"]} == {"alpha"} and "upstream failure 503" in err["message"]
+        assert [t["ok"] for t in err["trinity"]["turns"]] == [False] * 3
+    # an outage is not stored: asked again, the same conversation is answered
+    assert client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q}]) \
+        .choices[0].message.content == worker_reply(q)
+
+    _fail_next(fake, "fake-a", ["503"] * 3)  # after the stream started, the failure is an error event
+    stream = client.chat.completions.create(model="trinity", stream=True,
+                                            messages=[{"role": "user", "content": "What is 44 minus 2?"}])
+    with pytest.raises(openai.APIError, match="alpha"):
+        list(stream)
+
+
+def test_direct_member_calls_bypass_the_coordinator_and_are_stored(setup, client):
+    fake = setup["fake"]
+    n0 = fake.request_count
+    r = client.chat.completions.create(model="beta", messages=[{"role": "user", "content": "hello beta"}])
+    assert r.model == "beta" and r.choices[0].message.content == worker_reply("hello beta")
+    assert r.model_extra["trinity"]["turns"][0]["stored"] is False and fake.request_count == n0 + 1
+    assert fake.records[-1].model == "fake-b"
+    s = list(client.chat.completions.create(model="beta", stream=True,
+                                            messages=[{"role": "user", "content": "hello beta"}]))
+    assert "".join(c.choices[0].delta.content or "" for c in s if c.choices) == worker_reply("hello beta")
+    assert fake.request_count == n0 + 1  # the repeat came from the store
+
+
+def test_a_client_leaving_mid_stream_leaves_the_server_healthy(setup, client):
+    fake = setup["fake"]
+    q = "What is 14 times 3?"
+    n0 = fake.request_count
+    _fail_next(fake, "fake-a", ["latency:1.5"] * 3)
+    with _http(setup) as http:
+        with http.stream("POST", "/chat/completions",
+                         json={"model": "trinity", "stream": True, "messages": [{"role": "user", "content": q}]}) as r:
+            first = next(r.iter_lines())
+            assert first.startswith("data: ")
+        # the connection is closed here, mid-episode
+        assert http.get("/models").status_code == 200
+    other = client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": "What is 2 + 40?"}])
+    assert other.choices[0].message.content == worker_reply("What is 2 + 40?")
+    deadline = time.time() + 60
+    while fake.request_count < n0 + 6 and time.time() < deadline:  # the abandoned episode finishes in the background
+        time.sleep(0.2)
+    assert fake.request_count == n0 + 6
+    again = client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q}])
+    assert again.choices[0].message.content == worker_reply(q)
+    assert fake.request_count == n0 + 6  # the abandoned episode's calls were made once, and kept
+
+
+def test_zz_shutdown_the_key_is_nowhere_and_the_trace_renders(setup, capsys, monkeypatch):
+    """Last in this module: stops the server, then reads its log and its store."""
+    monkeypatch.setenv("COLUMNS", "200")
+    from trinity import cli
+    from trinity.store import Store
+    from trinity.traces import TraceLog
+
+    server = setup["server"]
+    q = "What is 40 plus 2?"  # (answered earlier in this module, unless this test runs alone)
+    with openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120) as c:
+        c.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q}])
+    assert server.stop() == 0, server.log
+    log = server.log
+    assert "ep-" in log and "answered" in log and "POST /v1/chat/completions" in log  # it did log
+    assert API_KEY not in log
+    store_dir = setup["dir"] / "store"
+    for f in store_dir.rglob("*"):
+        if f.is_file():
+            assert API_KEY.encode() not in f.read_bytes(), f
+    with Store(store_dir / "trinity.duckdb", read_only=True) as st:
+        traces = TraceLog(st)
+        recent = traces.recent(100)
+        stored = [traces.get(eid) for eid, _, _ in recent]
+        traces.close()
+    assert "answered" in {t["outcome"] for t in stored}
+    mine = next(t for t in stored if t["conversation"]["query"] == q)
+    assert mine["answer"] == worker_reply(q) and mine["turns"][0]["text"] == THINKER_REPLY
+    assert mine["fresh_replies"] == 3  # the first trace, not its replay from the store
+
+    code = cli.main(["trace", mine["episode_id"], "--store", str(store_dir / "trinity.duckdb")])
+    out = capsys.readouterr().out
+    assert code == 0
+    print(out, file=sys.stderr)
+    for piece in (q, "Add the numbers carefully.", worker_reply(q), "thinker", "worker", "alpha",
+                  "answered by alpha"):
+        assert piece in out, piece
+    assert cli.main(["trace", "ep-nope", "--store", str(store_dir / "trinity.duckdb")]) == cli.EXIT_NOT_FOUND
