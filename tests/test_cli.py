@@ -1,0 +1,135 @@
+"""The `trinity` command line: every command and option documented, `ask` (answer on stdout, trace table on stderr,
+meaningful exit codes) and `trace` on a real store, with the real encoder and pool members served over HTTP by
+tests/fake_openai_server.py (the setup of tests/test_serve.py)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import typer
+from fake_openai_server import FakeOpenAIServer
+from test_serve import MEMBERS, THINKER_REPLY, PoolReplies, worker_reply, write_checkpoint, write_params
+
+from trinity import cli, stages
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A project directory: params (the fake pool), data/checkpoints/coordinator, the store under data/store."""
+    replies = PoolReplies()
+    fake = FakeOpenAIServer(reply=replies).start()
+    root = tmp_path_factory.mktemp("cli")
+    params = write_params(root / "params.yaml", fake.base_url)
+    write_checkpoint(root / "data" / "checkpoints" / "coordinator")
+    from trinity.config import load_settings
+
+    encoder = stages.make_encoder(load_settings(params))  # loaded once for the module's in-process runs
+    yield {"root": root, "params": params, "fake": fake, "encoder": encoder, "replies": replies}
+    fake.stop()
+
+
+@pytest.fixture
+def run(project, capsys, monkeypatch):
+    """`trinity ARGS` in process: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(stages, "make_encoder", lambda settings: project["encoder"])
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def go(*args: str, root: bool = True) -> tuple[int, str, str]:
+        extra = ["--root", str(project["root"])] if root else []
+        code = cli.main([*args, *extra])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return go
+
+
+def test_help_documents_every_command_and_option(capsys):
+    assert cli.main(["--help"]) == 0
+    top = capsys.readouterr().out
+    for cmd in ("ask", "trace", "serve", "stage", "check-graders"):
+        assert cmd in top
+    assert "Exit codes" in top and "3 a pool failure" in top
+    group = typer.main.get_command(cli.app)
+    assert sorted(group.commands) == ["ask", "check-graders", "serve", "stage", "trace"]
+    for name, command in group.commands.items():
+        assert command.help, name
+        for param in command.params:
+            if param.param_type_name == "option":
+                assert getattr(param, "help", None), f"{name} {param.opts}: no help"
+        if name != "check-graders":  # (passes --help on to the grader check)
+            assert cli.main([name, "--help"]) == 0
+            assert "Usage: trinity " + name in capsys.readouterr().out
+    assert cli.main(["ask"]) == cli.EXIT_USAGE  # missing question
+    assert cli.main(["nonsense"]) == cli.EXIT_USAGE
+
+
+def test_ask_prints_the_answer_and_a_trace_table_and_trace_renders_it(project, run):
+    q = "What is 35 plus 7?"
+    code, out, err = run("ask", q, "--params", str(project["params"]))
+    assert code == 0, err
+    assert out == worker_reply(q) + "\n"  # stdout: the answer alone
+    assert re.search(r"1 .*alpha .*thinker .*fresh", err) and re.search(r"2 .*alpha .*worker", err)
+    assert "answered by alpha; 3 turn(s), 3 fresh" in err
+    episode = re.search(r"episode (ep-[0-9a-f]{16})", err).group(1)
+
+    code, out, err = run("ask", q, "--params", str(project["params"]))
+    assert code == 0 and out == worker_reply(q) + "\n" and "0 fresh repl(ies), 3 from the store" in err
+
+    code, out, _ = run("ask", q, "--params", str(project["params"]), "--json")
+    trace = json.loads(out)
+    assert trace["episode_id"] == episode and trace["answer"] == worker_reply(q)
+    assert [t["role"] for t in trace["turns"]] == ["thinker", "worker", "thinker"]
+
+    code, out, err = run("trace", episode)
+    assert code == 0, err
+    for piece in (q, THINKER_REPLY, worker_reply(q), "turn 2: worker (alpha)", "answered by alpha"):
+        assert piece in out
+    code, out, _ = run("trace")
+    assert code == 0 and episode in out and "answered" in out
+
+
+def test_ask_with_a_system_message_and_an_answer_format(project, run):
+    code, out, err = run("ask", "What is 2 + 40?", "--system", "Be terse.", "-f", "math",
+                         "--params", str(project["params"]))
+    assert code == 0, err
+    # the system text leads the first user message; the math answer format follows the question
+    assert out == worker_reply("Be terse.") + "\n"
+    worker = [m for m in project["replies"].seen if m[0]["content"].startswith("You are a careful expert")][-1]
+    assert worker[-1]["content"].startswith("Be terse.\n\nWhat is 2 + 40?") and "\\boxed{}" in worker[-1]["content"]
+
+
+def test_exit_codes_say_what_went_wrong(project, run, tmp_path):
+    params = str(project["params"])
+    code, _, err = run("ask", "hi", "--params", params, "--checkpoint", str(tmp_path / "nowhere"))
+    assert code == cli.EXIT_USAGE and "nowhere" in err
+
+    other = write_checkpoint(tmp_path / "other" / "coordinator", members=("x", "y"))
+    code, _, err = run("ask", "hi", "--params", params, "--checkpoint", str(other.parent))
+    assert code == cli.EXIT_USAGE and "trained on pool ['x', 'y']" in err and str(list(MEMBERS)) in err
+
+    code, _, err = run("ask", "hi", "--params", str(tmp_path / "missing.yaml"))
+    assert code == cli.EXIT_USAGE and "missing.yaml" in err
+
+    code, _, err = run("ask", "hi", "-f", "essay", "--params", params)
+    assert code == cli.EXIT_USAGE and "essay" in err
+
+    fake = project["fake"]
+    with fake._lock:
+        fake.scripts["fake-a"] = ["503"] * 3
+    code, out, err = run("ask", "What is 41 plus 1?", "--params", params)
+    assert code == cli.EXIT_POOL_FAILURE and out == ""
+    assert "pool member 'alpha' failed: http 503: upstream failure 503" in err
+
+    verifier_first = write_checkpoint(tmp_path / "verifier" / "coordinator", role=2)
+    n0 = fake.request_count
+    code, out, err = run("ask", "What is 39 plus 3?", "--params", params, "--checkpoint", str(verifier_first.parent))
+    assert code == cli.EXIT_NO_ANSWER and out == "" and "Verifier before any Worker answered" in err
+    assert fake.request_count == n0  # a Verifier with nothing to verify makes no call
+
+    code, _, err = run("trace", "ep-0000000000000000")
+    assert code == cli.EXIT_NOT_FOUND and "ep-0000000000000000" in err
+    code, _, err = run("trace", "--store", str(tmp_path / "none.duckdb"), root=False)
+    assert code == cli.EXIT_USAGE and "does not exist" in err
