@@ -131,6 +131,7 @@ def setup(tmp_path_factory):
     params = write_params(d / "params.yaml", fake.base_url)
     write_checkpoint(d / "checkpoints" / "coordinator")
     env = {**os.environ, "TRINITY_API_KEY": API_KEY}
+    env.setdefault("TRINITY_TORCH_THREADS", "1")  # one encoder thread: fast whatever else loads the machine
     server = ServerProcess(["--params", str(params), "--checkpoint", str(d / "checkpoints"),
                             "--store", str(d / "store" / "trinity.duckdb"), "--max-body-bytes", str(MAX_BODY)], env)
     yield {"fake": fake, "replies": replies, "server": server, "dir": d, "params": params}
@@ -406,3 +407,28 @@ def test_zz_shutdown_the_key_is_nowhere_and_the_trace_renders(setup, capsys, mon
                   "answered by alpha"):
         assert piece in out, piece
     assert cli.main(["trace", "ep-nope", "--store", str(store_dir / "trinity.duckdb")]) == cli.EXIT_NOT_FOUND
+
+
+def test_message_lists_map_onto_tasks():
+    """(No server.) The OpenAI message list → Task mapping behind every request (conversation.task_from_messages)."""
+    from trinity.conversation import ConversationError, task_from_messages
+
+    t = task_from_messages([{"role": "developer", "content": "Rule A."}, {"role": "user", "content": "Hi."},
+                            {"role": "user", "content": "I have 3 cats."}, {"role": "assistant", "content": "Nice."},
+                            {"role": "assistant", "content": [{"type": "text", "text": "Really."}]},
+                            {"role": "system", "content": "Rule B."}, {"role": "user", "content": "And 2 dogs?"}],
+                           "choice")
+    assert t.history == (("Rule A.\n\nRule B.\n\nHi.\n\nI have 3 cats.", "Nice.\n\nReally."),)
+    assert t.query == "And 2 dogs?" and t.grader == "choice" and t.source == "chat"
+    assert task_from_messages([{"role": "user", "content": "x"}]).grader == "judge"  # free: no answer format
+    same = task_from_messages([{"role": "user", "content": "x"}])
+    assert same.id == task_from_messages([{"role": "user", "content": "x"}]).id != \
+        task_from_messages([{"role": "user", "content": "x"}], "math").id
+    for bad, param in ([{"role": "user", "content": "  "}], "messages[0].content"), \
+                      ([{"role": "system", "content": "only rules"}], "messages"), \
+                      ([{"role": "user", "content": None}], "messages[0].content"), \
+                      ([{"role": "assistant", "content": "a", "tool_calls": [{}]}], "messages[0].tool_calls"), \
+                      (["hi"], "messages[0]"):
+        with pytest.raises(ConversationError) as e:
+            task_from_messages(bad)
+        assert e.value.param == param, bad
