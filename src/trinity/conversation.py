@@ -16,6 +16,9 @@ bench/serve_load.py all take.
   argmax episode (the training loop, `play_episodes`); concurrent calls share the pool (stored or in-flight
   requests cost no call), the encoder and the store. A repeated conversation replays stored responses and states:
   no pool call, no encoding. Every episode's trace is kept in the store (`trinity.traces`).
+  Threads: an episode's loop runs on a thread of its own (the encoder's forward passes would otherwise hold the
+  caller's event loop, e.g. every other request of the server); its pool requests go back to the caller's loop,
+  which alone owns the pool (HTTP clients, in-flight calls, store writes), and encodes take turns on one lock.
 - `EpisodeResult`: the answer (`roles.latest_answer`), who gave it, the turns with their recorded usage, and its
   outcome: answered, a pool failure (no answer, and a member's call failed: the members and reasons), or no
   answer (the coordinator ended the episode without a successful Worker turn).
@@ -24,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -48,6 +53,10 @@ class ConversationError(ValueError):
     def __init__(self, message: str, param: str | None = "messages"):
         super().__init__(message)
         self.param = param
+
+
+EPISODE_THREADS = 64
+"""Episodes played at once (each waits on its pool calls most of the time); more wait for a thread."""
 
 
 class CheckpointError(ValueError):
@@ -263,6 +272,46 @@ class _ObservedPool:
         return replies
 
 
+class _PoolOnLoop:
+    """The pool, seen from an episode's own thread and loop: requests run on `loop`, the loop that owns the pool."""
+
+    def __init__(self, pool, loop: asyncio.AbstractEventLoop):
+        self._pool, self._loop = pool, loop
+        self.store = pool.store
+
+    def __len__(self) -> int:
+        return len(self._pool)
+
+    @property
+    def names(self) -> list[str]:
+        return self._pool.names
+
+    def signature(self) -> tuple:
+        return self._pool.signature()
+
+    def key(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> str:
+        return self._pool.key(idx, messages, role)
+
+    async def complete_many(self, requests: Sequence) -> list[ChatResponse]:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._pool.complete_many(requests),
+                                                                          self._loop))
+
+
+class _SerialStates:
+    """The StateCache for episodes on several threads: one lookup (and so one encode) at a time."""
+
+    def __init__(self, states, lock: threading.Lock):
+        self._states, self._lock = states, lock
+
+    @property
+    def dim(self) -> int:
+        return self._states.dim
+
+    def lookup(self, keys, render, adapter=None):
+        with self._lock:
+            return self._states.lookup(keys, render, adapter)
+
+
 def _ungraded(task: Task, answer: str) -> float:
     return 0.0  # a served conversation has no reference answer
 
@@ -320,6 +369,8 @@ class Coordinator:
             "pool": repr(self.pool.signature()), "coordinator": settings.coordinator.model_dump()})[:16]
         self.traces = TraceLog(store)
         self._owns_store = False
+        self._states_lock = threading.Lock()
+        self._episode_threads = ThreadPoolExecutor(max_workers=EPISODE_THREADS, thread_name_prefix="trinity-episode")
 
     @classmethod
     def load(cls, checkpoint: str | Path, params: str | Path, store_path: str | Path, *, writer: bool = True,
@@ -348,6 +399,7 @@ class Coordinator:
 
     def close(self) -> None:
         """Close the trace log, and the store when `load` opened it."""
+        self._episode_threads.shutdown(wait=True)
         self.traces.close()
         if self._owns_store:
             self.store.close()
@@ -368,19 +420,25 @@ class Coordinator:
         from trinity.coordinator.episode import Episode, play_episodes
         from trinity.coordinator.roles import is_answer
 
+        loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         records: list[TurnRecord] = []
 
-        def on_call(idx: int, role: str | None, resp: ChatResponse, stored: bool) -> None:
+        def on_call(idx: int, role: str | None, resp: ChatResponse, stored: bool) -> None:  # on the episode's thread
             rec = TurnRecord.of(len(records), self.pool.names[idx], role, resp, stored)
             records.append(rec)
             if on_turn is not None:
-                on_turn(rec)
+                loop.call_soon_threadsafe(on_turn, rec)
 
         ep = Episode(task=task, candidate=0, rng=None)
-        await play_episodes([ep], [self.head], _ObservedPool(self.pool, on_call), self.states,
-                            self.settings.coordinator.max_turns, self.settings.reward, _ungraded,
-                            adapters=self.adapters)
+        pool = _ObservedPool(_PoolOnLoop(self.pool, loop), on_call)
+        states = _SerialStates(self.states, self._states_lock)
+
+        def play() -> None:
+            asyncio.run(play_episodes([ep], [self.head], pool, states, self.settings.coordinator.max_turns,
+                                      self.settings.reward, _ungraded, adapters=self.adapters))
+
+        await loop.run_in_executor(self._episode_threads, play)
         answered_by = next((t.model for t in reversed(ep.turns) if is_answer(t)), None) if ep.answer else None
         fmt = next(k for k, v in ANSWER_FORMATS.items() if v == task.grader)
         result = EpisodeResult(episode_id=self.episode_id(task), task=task, turns=records, answer=ep.answer,
