@@ -11,7 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from trinity.stages import STAGES  # light: numpy + the settings schema; torch loads only when a stage runs
+from trinity.conversation import ANSWER_FORMATS  # light, as trinity.stages: torch loads only when a command runs
+from trinity.stages import STAGES
 
 EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE, EXIT_POOL_FAILURE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 EXIT_CODES_HELP = (
@@ -22,17 +23,12 @@ app = typer.Typer(name="trinity", help=__doc__, epilog=EXIT_CODES_HELP, no_args_
                   add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
 
-class AnswerFormat(str, Enum):
-    free = "free"
-    math = "math"
-    choice = "choice"
-    code = "code"
-
-
+AnswerFormat = Enum("AnswerFormat", {f: f for f in ANSWER_FORMATS}, type=str)
 StageName = Enum("StageName", {s: s for s in STAGES}, type=str)
 
 RootOpt = Annotated[Path, typer.Option(help="project directory holding data/ (the default paths below are in it)")]
-ParamsOpt = Annotated[Path, typer.Option(help="params file the checkpoint was trained with")]
+ParamsOpt = Annotated[Path, typer.Option(
+    help="params file the checkpoint was trained with (a relative path: from the current directory, else ROOT)")]
 CheckpointOpt = Annotated[Optional[Path], typer.Option(
     help="checkpoint directory (holding coordinator.npy + coordinator.json) or its stem; default ROOT/data/checkpoints")]
 StoreOpt = Annotated[Optional[Path], typer.Option(
@@ -81,7 +77,7 @@ def ask(
     question: Annotated[str, typer.Argument(help="the question (one user message)")],
     answer_format: Annotated[AnswerFormat, typer.Option(
         "--answer-format", "-f", help="answer format the Worker is asked for: free (none), math (\\boxed{}), "
-                                      "choice ('Answer: X'), code (one Python block)")] = AnswerFormat.free,
+                                      "choice ('Answer: X'), code (one Python block)")] = AnswerFormat("free"),
     system: Annotated[Optional[str], typer.Option(help="instructions, as an OpenAI system message")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the full trace as JSON on stdout instead")] = False,
     texts: Annotated[bool, typer.Option("--texts/--no-texts", help="also print every turn's text (stderr)")] = False,
@@ -195,7 +191,7 @@ def serve(
 @app.command()
 def stage(
     name: Annotated[StageName, typer.Argument(help="the stage to run")],
-    params: ParamsOpt = Path("params.yaml"),
+    params: Annotated[Path, typer.Option(help="params file (validated when loaded)")] = Path("params.yaml"),
     root: RootOpt = Path("."),
     retry_failures: RetryOpt = False,
 ) -> None:

@@ -23,7 +23,8 @@ Routes:
 Concurrency: one process, one event loop, one `Coordinator` — one pool (requests stored or in flight are shared,
 not repeated), one encoder, one store (this process is its only writer). An episode runs as its own task: a client
 that disconnects does not cancel it (other requests may share its calls); it finishes and is stored, so asking
-again is served from the store. The encoder runs on the event loop (a turn's encode briefly holds other requests).
+again is served from the store. Episodes play on threads of their own (`Coordinator.answer`), so an encode never
+holds the event loop.
 
 The API key is compared in constant time and never logged, traced or stored: it is registered with
 `tracking_redact` and every log line goes through its `RedactingFilter`.
