@@ -113,6 +113,12 @@ def test_exit_codes_say_what_went_wrong(project, run, tmp_path):
     code, _, err = run("ask", "hi", "--params", str(tmp_path / "missing.yaml"))
     assert code == cli.EXIT_USAGE and "missing.yaml" in err
 
+    keyed = tmp_path / "keyed.yaml"
+    keyed.write_text(project["params"].read_text().replace("max_retries: 0", "api_key_env: TRINITY_TEST_UNSET_KEY, "
+                                                                           "max_retries: 0", 1))
+    code, _, err = run("ask", "hi", "--params", str(keyed))
+    assert code == cli.EXIT_USAGE and "TRINITY_TEST_UNSET_KEY" in err
+
     code, _, err = run("ask", "hi", "-f", "essay", "--params", params)
     assert code == cli.EXIT_USAGE and "essay" in err
 

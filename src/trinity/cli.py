@@ -55,15 +55,16 @@ def _params_path(root: Path, params: Path) -> Path:
 
 
 def _load_coordinator(root: Path, params: Path, checkpoint: Path | None, store: Path | None, *, writer: bool):
-    """Coordinator.load, with what fails while loading (params, checkpoint, a store another process writes) turned
-    into exit code 2 and a one-line message."""
+    """Coordinator.load, with what fails while loading (params, checkpoint, a pool member's missing key, the encoder,
+    a store another process writes) turned into exit code 2 and a one-line message."""
     from trinity.config import ConfigError
     from trinity.conversation import CheckpointError, Coordinator
+    from trinity.pool.errors import PoolConfigError
 
     ckpt, store_path = _paths(root, checkpoint, store)
     try:
         return Coordinator.load(ckpt, _params_path(root, params), store_path, writer=writer)
-    except (ConfigError, CheckpointError, FileNotFoundError, RuntimeError) as e:
+    except (ConfigError, CheckpointError, PoolConfigError, FileNotFoundError, RuntimeError) as e:
         _fail(str(e))
 
 

@@ -334,7 +334,8 @@ def checkpoint_stem(path: str | Path) -> Path:
 
 class Coordinator:
     """A trained coordinator loaded to answer conversations: settings, pool, encoder, store and head, built once
-    and shared by every request. Use in one event loop (the pool's HTTP clients and in-flight map belong to it)."""
+    and shared by every request. Call `answer` from one event loop: it owns the pool (HTTP clients, in-flight
+    calls, store writes); each episode plays on a thread of its own (module doc)."""
 
     def __init__(self, settings, params: np.ndarray, meta: dict, store, *, encoder=None, pool=None,
                  checkpoint_path: str = ""):
