@@ -140,7 +140,7 @@ def parse_request(body: Any, models: list[str]) -> dict:
 def create_app(coordinator: Coordinator, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """The FastAPI app serving `coordinator`. `api_key`: the bearer token every request must carry (None: open)."""
-    running: set[asyncio.Task] = set()  # episodes in flight (kept referenced: a disconnect does not cancel them)
+    running: set[asyncio.Task] = set()  # episodes and member calls in flight (a disconnect does not cancel them)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -219,11 +219,15 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
                            param="model", code="model_not_found")
         return model_card(model_id)
 
-    def start_episode(task, on_turn=None) -> asyncio.Task:
-        t = asyncio.ensure_future(coordinator.answer(task, on_turn))
+    def track(coro) -> asyncio.Task:
+        """Run `coro` as a task of its own, kept until done: a client leaving does not cancel it."""
+        t = asyncio.ensure_future(coro)
         running.add(t)
         t.add_done_callback(running.discard)
         return t
+
+    def start_episode(task, on_turn=None) -> asyncio.Task:
+        return track(coordinator.answer(task, on_turn))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -262,7 +266,7 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
                  result.summary()["stored_replies"], result.answered_by, time.perf_counter() - t0)
 
     async def member_completion(req: dict, messages, created: int, t0: float):
-        turn = await asyncio.shield(asyncio.ensure_future(coordinator.ask_member(req["model"], messages)))
+        turn = await asyncio.shield(track(coordinator.ask_member(req["model"], messages)))
         log.info("direct %s: %s, stored=%s, %.2fs", req["model"], "ok" if turn.ok else "failed", turn.stored,
                  time.perf_counter() - t0)
         if not turn.ok:
