@@ -118,7 +118,9 @@ def markdown(res: dict, command: str) -> str:
     d = res["detail"]
     lines = ["# Member accuracy by task family and reply cap", "",
              f"Measured at commit `{d['commit']}` on {d['cpu']} by `{command}` ({d['wall_s'] / 60:.1f} min, "
-             f"{d['new_calls']} new calls). Items: {d['per_source']} per family, drawn from the training side "
+             f"{d['new_calls']} new calls; replies already in the kept store are served from it, with the latency recorded "
+             "when they were paid: four local models sharing two cores, so seconds per call are contended figures). "
+             f"Items: {d['per_source']} per family, drawn from the training side "
              "(never an evaluation item). Cells: accuracy (share of replies that hit the cap, mean completion "
              "tokens, seconds per call); [<c: x] = accuracy counting only replies that ended before c tokens (what a cap "
              "of c would keep: replies are seeded, so a capped reply is this reply's first c tokens).", ""]
