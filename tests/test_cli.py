@@ -139,3 +139,38 @@ def test_exit_codes_say_what_went_wrong(project, run, tmp_path):
     assert code == cli.EXIT_NOT_FOUND and "ep-0000000000000000" in err
     code, _, err = run("trace", "--store", str(tmp_path / "none.duckdb"), root=False)
     assert code == cli.EXIT_USAGE and "does not exist" in err
+
+
+def test_episodes_play_off_the_event_loop_and_report_turns_on_it(project, tmp_path, monkeypatch):
+    """The answer path behind ask and serve: encodes run on the episodes' threads (so a server's event loop is never
+    held by the encoder), turns are reported on the caller's loop, concurrent episodes share one encoder."""
+    import asyncio
+    import threading
+
+    from trinity.conversation import Coordinator, task_from_messages
+
+    encoder = project["encoder"]
+    encode_threads: list[str] = []
+    original = encoder.encode
+
+    def recording(texts):
+        encode_threads.append(threading.current_thread().name)
+        return original(texts)
+
+    monkeypatch.setattr(encoder, "encode", recording)
+    qs = [f"What is {n} plus {42 - n}?" for n in (11, 12, 13)]
+    with Coordinator.load(project["root"] / "data" / "checkpoints", project["params"], tmp_path / "store.duckdb",
+                          encoder=encoder) as coordinator:
+        reported: list[str] = []
+
+        async def run():
+            tasks = [task_from_messages([{"role": "user", "content": q}]) for q in qs]
+            results = await asyncio.gather(*(coordinator.answer(
+                t, on_turn=lambda turn: reported.append(threading.current_thread().name)) for t in tasks))
+            return threading.current_thread().name, results
+
+        loop_thread, results = asyncio.run(run())
+    assert [r.answer for r in results] == [worker_reply(q) for q in qs]
+    assert encode_threads and all(n.startswith("trinity-episode") for n in encode_threads)
+    assert reported == [loop_thread] * 9  # 3 episodes x 3 turns, each reported on the caller's loop
+    assert coordinator.states.encoded == 9  # one StateCache: each of the 9 transcripts encoded once
