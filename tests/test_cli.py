@@ -1,6 +1,7 @@
 """The `trinity` command line: every command and option documented, `ask` (answer on stdout, trace table on stderr,
-meaningful exit codes) and `trace` on a real store, with the real encoder and pool members served over HTTP by
-tests/fake_openai_server.py (the setup of tests/test_serve.py)."""
+meaningful exit codes), `trace` on a real store, and the answer path behind ask and serve (`Coordinator.answer`),
+with the real encoder and pool members served over HTTP by tests/fake_openai_server.py (the setup of
+tests/test_serve.py)."""
 from __future__ import annotations
 
 import json
