@@ -18,7 +18,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export WANDB_SILENT := true
 
-.PHONY: setup setup-sandbox run run-full test test-slow check-graders bench clean-venv
+.PHONY: setup setup-sandbox run run-full run-every-item test test-slow check-graders bench clean-venv
 
 setup: $(SETUP_STAMP)
 
@@ -45,14 +45,25 @@ run: setup setup-sandbox
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro
 	@echo; cat reports/summary.md
 
-# Every item of every evaluation benchmark (and MATH-500 at every level), as a DVC experiment of the same
-# pipeline: `dvc exp show` compares it with the default run. Sized for API pools or GPU servers: with the
-# embedded pool on 2 CPU cores it would take weeks (MMLU alone has 14,042 items x 6 methods).
-FULL_EVAL := data.math500_max_level=5 \
-	data.in_distribution.math500=-1 data.in_distribution.mmlu=-1 data.in_distribution.livecodebench=-1 \
-	data.heldout.aime=-1 data.heldout.bigcodebench_hard=-1 data.heldout.mt_bench=-1 data.heldout.gpqa=-1
+# The `full` profile: the same pipeline as a DVC experiment that trains for a few hours on 2 cores (24 training
+# items, popsize 12 x 12 tasks x 10 generations) and evaluates on 10 in-distribution items per training benchmark,
+# enough for a paired interval against the best member. `dvc exp show` compares it with the default run. It
+# resumes where it stopped (evolve's exact resume and the store), so it may run across several sittings.
+FULL_TRAIN := data.train.math500=8 data.train.mmlu=8 data.train.mbpp=8 \
+	data.in_distribution.math500=10 data.in_distribution.mmlu=10 data.in_distribution.mbpp=10 \
+	evolve.popsize=12 evolve.episodes_per_candidate=12 evolve.generations=10 evolve.saved_fitness_tasks=24
 run-full: setup setup-sandbox
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --name full $(foreach p,$(FULL_EVAL),-S $(p))
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --name full $(foreach p,$(FULL_TRAIN),-S $(p))
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp show --only-changed
+
+# Every item of every evaluation benchmark (and MATH-500 at every level), as a DVC experiment of the same
+# pipeline. Sized for API pools or GPU servers: with the embedded pool on 2 CPU cores it would take weeks (MMLU
+# alone has 14,042 items x 6 methods).
+EVERY_ITEM := data.math500_max_level=5 \
+	data.in_distribution.math500=-1 data.in_distribution.mmlu=-1 data.in_distribution.mbpp=-1 \
+	data.heldout.aime=-1 data.heldout.bigcodebench_hard=-1 data.heldout.mt_bench=-1 data.heldout.gpqa=-1
+run-every-item: setup setup-sandbox
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --name every-item $(foreach p,$(EVERY_ITEM),-S $(p))
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp show --only-changed
 
 test: setup

@@ -6,8 +6,8 @@ that answers nothing; as Verifiers they accept a right answer with probability 0
 The oracle router (each task to its family's expert) scores 1.0; any single member alone 1/3.
 
 Real: the coordinator LM (the project's encoder, params.yaml coordinator.*), the head, the episode loop, the
-reward shaping (params.yaml reward.*), the optimisers at params.yaml's σ0/lr, the math/choice graders and the
-code sandbox. Scripted: only the pool's replies (instant; no LLM is called).
+reward shaping (params.yaml reward.*), the optimisers at the paper's shape (pycma's default popsize, σ0 = 0.03;
+`--popsize`, `--sigma0` to change) and params.yaml's REINFORCE lr, the math/choice graders and the code sandbox. Scripted: only the pool's replies (instant; no LLM is called).
 
 Each method (sep-CMA-ES, REINFORCE, random search) trains at the same budget — generations x popsize x tasks per
 generation episodes, the same tasks and episode seeds — and after every generation the vector it would save
@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import numpy as np  # noqa: E402
 
+from trinity.config import EvolveSettings  # noqa: E402
+
 
 def _cpu_kind() -> str:
     try:
@@ -55,9 +57,13 @@ def _commit() -> str:
         return "unknown"
 
 
+PAPER_SIGMA0 = EvolveSettings.model_fields["sigma0"].default
+"""The paper's σ0 (the settings' default; params.yaml sets its own for `make run`'s small population)."""
+
+
 def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: int, methods: list[str],
         popsize: int | None = None, params: Path = ROOT / "params.yaml", encoder=None, seed: int = 0,
-        feature_norm: str | None = None, max_turns: int | None = None,
+        feature_norm: str | None = None, max_turns: int | None = None, sigma0: float | None = None,
         log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     from trinity.config import load_settings
     from trinity.coordinator.episode import RolloutTrees, StateCache
@@ -71,8 +77,10 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
     coordinator = {"feature_norm": feature_norm} if feature_norm else {}
     if max_turns:
         coordinator["max_turns"] = max_turns
+    # the optimiser's shape is the paper's unless asked (not params.yaml's, which is sized for `make run`)
     base = ka.known_answer_settings(project, coordinator, generations=generations, seed=seed,
-                                    episodes_per_candidate=tasks_per_generation, popsize=popsize)
+                                    episodes_per_candidate=tasks_per_generation, popsize=popsize,
+                                    sigma0=sigma0 if sigma0 is not None else PAPER_SIGMA0)
     train = ka.make_tasks(n_train, seed, "train")
     heldout = ka.make_tasks(n_heldout, seed, "heldout", exclude=train)
     assert not {t.query for t in train} & {t.query for t in heldout}, "held-out queries drawn into training"
@@ -178,7 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks-per-generation", type=int, default=16)
     ap.add_argument("--train", type=int, default=20, help="training tasks per family")
     ap.add_argument("--heldout", type=int, default=20, help="held-out tasks per family")
-    ap.add_argument("--popsize", type=int, default=None, help="default: params.yaml evolve.popsize (null: pycma's)")
+    ap.add_argument("--popsize", type=int, default=None, help="default: pycma's, 4 + floor(3 ln n) (the paper's)")
+    ap.add_argument("--sigma0", type=float, default=None, help=f"default: the paper's {PAPER_SIGMA0}")
     ap.add_argument("--methods", default="sep_cma,reinforce,random_search")
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     ap.add_argument("--seed", type=int, default=0)
@@ -188,7 +197,7 @@ def main(argv=None) -> int:
                     help="default: params.yaml coordinator.feature_norm")
     a = ap.parse_args(argv)
     res = run(a.generations, a.tasks_per_generation, a.train, a.heldout, a.methods.split(","), popsize=a.popsize,
-              params=a.params, seed=a.seed, feature_norm=a.feature_norm, max_turns=a.max_turns)
+              params=a.params, seed=a.seed, feature_norm=a.feature_norm, max_turns=a.max_turns, sigma0=a.sigma0)
     if a.markdown:
         a.markdown.write_text(markdown(res, "python bench/learnability.py " + " ".join(argv if argv is not None
                                                                                      else sys.argv[1:])))

@@ -70,6 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--popsize", type=int, default=33)
     ap.add_argument("--tasks-per-generation", type=int, default=16)
     ap.add_argument("--per-source", type=int, default=8, help="training items per training benchmark")
+    ap.add_argument("--sigma0", type=float, default=None, help="default: the paper's (the settings' default, 0.03)")
     ap.add_argument("--project-generations", type=int, default=60)
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     ap.add_argument("--store", type=Path, default=None, help="keep the store here (default: a temporary one)")
@@ -86,8 +87,10 @@ def main(argv=None) -> int:
 
     base = load_settings(a.params)
     dump = base.model_dump(exclude={"source_path"})
+    from trinity.config import EvolveSettings
     dump["evolve"].update(method="sep_cma", popsize=a.popsize, episodes_per_candidate=a.tasks_per_generation,
-                          generations=a.generations)
+                          generations=a.generations,
+                          sigma0=a.sigma0 if a.sigma0 is not None else EvolveSettings.model_fields["sigma0"].default)
     from trinity.config import Settings
     settings = Settings.model_validate(dump)
     d = settings.data

@@ -241,26 +241,43 @@ def test_the_evaluate_stage_checks_before_calling_a_model(tmp_path, root, monkey
     assert not built
 
 
-def test_the_full_profile_overrides_existing_keys_to_every_item(root):
-    """`make run-full` sets params with `dvc exp run -S`: every key it sets exists in params.yaml (DVC would add a
-    misspelt key silently; the settings check would then reject it), and the result validates."""
+def _profile(block_name: str) -> Settings:
+    """params.yaml with a Makefile profile's `dvc exp run -S` overrides applied. Every key it sets must exist in
+    params.yaml (DVC would add a misspelt key silently; the settings check would then reject it)."""
     import re
 
     text = (stages.PROJECT_ROOT / "Makefile").read_text()
-    block = re.search(r"^FULL_EVAL := (.*?)\n(?!\t)", text, re.S | re.M).group(1)
+    block = re.search(rf"^{block_name} := (.*?)\n(?!\t)", text, re.S | re.M).group(1)
     overrides = re.findall(r"([\w.]+)=(-?\d+)", block)
+    assert overrides, f"Makefile {block_name} sets nothing"
     params = yaml.safe_load((stages.PROJECT_ROOT / "params.yaml").read_text())
     for key, value in overrides:
         *parents, leaf = key.split(".")
         node = params
         for p in parents:
             node = node[p]
-        assert leaf in node, f"Makefile FULL_EVAL sets {key}, which params.yaml does not have"
+        assert leaf in node, f"Makefile {block_name} sets {key}, which params.yaml does not have"
         node[leaf] = int(value)
-    full = Settings.model_validate(params)
+    return Settings.model_validate(params)
+
+
+def test_the_every_item_profile_overrides_existing_keys_to_every_item(root):
+    """`make run-every-item`: every evaluation item of every benchmark, MATH-500 at all levels."""
+    full = _profile("EVERY_ITEM")
     evaluated = {**full.data.in_distribution, **full.data.heldout}
     assert set(evaluated.values()) == {-1} and full.data.math500_max_level == 5
     assert set(evaluated) == set(load_settings(stages.PROJECT_ROOT / "params.yaml").data.in_distribution) | set(
         load_settings(stages.PROJECT_ROOT / "params.yaml").data.heldout)
     s = build_all_splits(root, {"math500": 3}, {}, {"aime": -1, "gpqa": -1}, seed=0)
     assert {t.source: 0 for t in s.heldout} and len(s.heldout) == 60 + 198
+
+
+def test_the_full_profile_trains_longer_and_evaluates_enough_items_for_a_paired_interval(root):
+    """`make run-full`: more training (tasks x candidates x generations) than the default run, on the same
+    training benchmarks, and at least 10 in-distribution items per training benchmark."""
+    default = Settings.model_validate(yaml.safe_load((stages.PROJECT_ROOT / "params.yaml").read_text()))
+    full = _profile("FULL_TRAIN")
+    assert set(full.data.train) == set(default.data.train) == set(full.data.in_distribution)
+    budget = lambda s: s.evolve.popsize * s.evolve.episodes_per_candidate * s.evolve.generations  # noqa: E731
+    assert budget(full) >= 5 * budget(default)
+    assert min(full.data.in_distribution.values()) >= 10
