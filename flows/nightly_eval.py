@@ -1,0 +1,114 @@
+"""Prefect flow `trinity-nightly-eval` (deployment `nightly-eval` in prefect.yaml): re-evaluate the current
+checkpoint with fresh calls, compare with the previous night, publish the result as Prefect artifacts, and end
+the run Failed when a score dropped beyond `drop_threshold` (trinity.nightly says how).
+
+`python flows/nightly_eval.py [--params FILE]` runs it once, without a deployment.
+"""
+from _bootstrap import ROOT, main  # hermetic defaults before prefect is imported
+
+import json
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+from prefect.states import Failed
+from prefect.tasks import exponential_backoff
+
+BAD_INPUT = (ValueError, FileNotFoundError)
+"""What no retry can fix: invalid params, a missing checkpoint or split, a checkpoint that does not fit the params."""
+
+
+def retry_unless_bad_input(task, task_run, state) -> bool:
+    """Retry policy filter: an outage or a timeout is retried; bad input fails at once."""
+    return not isinstance(state.result(raise_on_failure=False), BAD_INPUT)
+
+
+def _params_path(params: str) -> Path:
+    return Path(params) if Path(params).is_absolute() else ROOT / params
+
+
+@task(name="check-inputs", cache_policy=NO_CACHE)
+def check_inputs(params: str, drop_threshold: float) -> dict:
+    """Everything that can be wrong, before any model is called: the threshold, params, the checkpoint and the
+    prepared splits it is evaluated on, the pool's configuration, and the previous night's record."""
+    from trinity import nightly
+    from trinity.config import load_settings
+    from trinity.pool.errors import check_pool_config
+    from trinity.stages import Paths, _load_tasks
+
+    nightly.check_threshold(drop_threshold)
+    settings = load_settings(_params_path(params))
+    check_pool_config(settings.pool)
+    paths = Paths(ROOT)
+    for suffix in (".npy", ".json"):
+        if not paths.checkpoint.with_suffix(suffix).exists():
+            raise FileNotFoundError(f"{paths.checkpoint.with_suffix(suffix)} is missing: train a coordinator first "
+                                    "(dvc repro, or the weekly-retrain deployment)")
+    splits = _load_tasks(paths)
+    previous = nightly.last_record(ROOT)
+    return {"in_distribution": len(splits.in_distribution), "heldout": len(splits.heldout),
+            "previous_run": previous.run if previous else None}
+
+
+@task(name="evaluate-checkpoint", cache_policy=NO_CACHE, retries=2,
+      retry_delay_seconds=exponential_backoff(backoff_factor=60), retry_jitter_factor=0.5,
+      retry_condition_fn=retry_unless_bad_input)
+def evaluate_checkpoint(params: str, run_dir: str) -> dict:
+    """The evaluate stage's code on a fresh store in `run_dir` (every call made again: no stored reply hides a
+    changed model). A retry resumes from the calls the failed attempt stored in the same directory."""
+    from trinity.config import load_settings
+    from trinity.nightly import NightlyPaths
+    from trinity.stages import evaluate
+
+    evaluate(load_settings(_params_path(params)), NightlyPaths(ROOT, run_dir=Path(run_dir)))
+    return json.loads((Path(run_dir) / "results.json").read_text())
+
+
+@task(name="compare-with-previous", cache_policy=NO_CACHE)
+def compare_with_previous(results: dict, run: str, run_dir: str, drop_threshold: float):
+    from trinity import nightly
+
+    current = nightly.NightlyRecord.from_results(results, run=run,
+                                                 results_path=Path(run_dir).relative_to(ROOT) / "results.json")
+    return current, nightly.compare(nightly.last_record(ROOT), current, drop_threshold)
+
+
+@task(name="publish-artifacts", cache_policy=NO_CACHE)
+def publish_artifacts(current, comparison) -> dict:
+    """The markdown summary and the per-benchmark table, under stable keys (one version per night), and the
+    night's record appended to data/nightly/history.jsonl (tomorrow's baseline)."""
+    from trinity import nightly
+
+    create_markdown_artifact(nightly.summary_markdown(current, comparison), key=nightly.SUMMARY_ARTIFACT_KEY,
+                             description=comparison.message())
+    create_table_artifact(nightly.scores_table(comparison), key=nightly.SCORES_ARTIFACT_KEY,
+                          description=f"every method's score per benchmark (fraction of scale), {current.run}")
+    history = nightly.append_record(ROOT, current)
+    return {"artifacts": [nightly.SUMMARY_ARTIFACT_KEY, nightly.SCORES_ARTIFACT_KEY], "history": str(history)}
+
+
+@flow(name="trinity-nightly-eval", log_prints=True)
+def nightly_eval_flow(params: str = "params.yaml", drop_threshold: float = 0.05,
+                      timeout_minutes: float = 240.0):
+    """Re-evaluate the current checkpoint with fresh calls; fail the run when a score drops beyond drop_threshold
+    (a fraction of the benchmark's scale) since the previous night."""
+    inputs = check_inputs(params, drop_threshold)
+    print(f"[nightly] evaluating the checkpoint on {inputs['in_distribution']} in-distribution and "
+          f"{inputs['heldout']} held-out items; previous night: {inputs['previous_run'] or 'none'}")
+    from trinity.nightly import new_run_dir
+
+    run = flow_run.get_name() or "local"
+    run_dir = new_run_dir(ROOT, run)
+    results = evaluate_checkpoint.with_options(timeout_seconds=timeout_minutes * 60)(params, str(run_dir))
+    current, comparison = compare_with_previous(results, run, str(run_dir), drop_threshold)
+    published = publish_artifacts(current, comparison)
+    print(f"[nightly] {comparison.message()}")
+    if comparison.flagged:
+        return Failed(message=comparison.message())
+    return {"run_dir": str(run_dir), "message": comparison.message(), **published}
+
+
+if __name__ == "__main__":
+    main(nightly_eval_flow)

@@ -1,0 +1,218 @@
+"""Checks of prefect.yaml against the Prefect API, then `prefect deploy` (what `python flows/deploy.py` runs).
+
+prefect.yaml declares the deployments (schedules, timezone, work pool, parameters) in one reviewed place; the
+Prefect API is whatever the environment names (PREFECT_API_URL, plus PREFECT_API_KEY for Prefect Cloud).
+Before anything is registered — and long before any model is called — every deployment is checked and every
+problem is reported at once, each naming the file, the deployment and the key:
+
+- the Prefect API: PREFECT_API_URL set (an ephemeral API would vanish with this process) and answering;
+- schedules: each cron expression and timezone valid (Prefect's own validators);
+- work pool: exists on that API;
+- entrypoint: the file and the flow exist; parameters: valid for the flow's signature, the params file loads;
+- DVC: a flow that pushes to a DVC remote (a `dvc_remote` parameter) finds that remote in the checkout.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class DeploymentConfigError(ValueError):
+    """prefect.yaml, or what it refers to, is not deployable; the message lists every problem."""
+
+
+class DvcRemoteError(ValueError):
+    """The DVC remote a flow pushes to is not configured in the checkout."""
+
+
+def load_prefect_file(path: Path) -> list[dict[str, Any]]:
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise DeploymentConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as e:
+        raise DeploymentConfigError(f"{path}: not valid YAML: {e}") from None
+    deployments = (doc or {}).get("deployments")
+    if not isinstance(deployments, list) or not deployments:
+        raise DeploymentConfigError(f"{path}: no `deployments:` list")
+    return deployments
+
+
+def resolve_dvc_remote(root: Path, remote: str | None) -> str:
+    """The DVC remote `remote` (None: the checkout's default remote), checked to exist in root/.dvc/config
+    (and .dvc/config.local); raises DvcRemoteError naming what is missing and where."""
+    from dvc.config import Config
+
+    config_file = Path(root) / ".dvc" / "config"
+    if not config_file.exists():
+        raise DvcRemoteError(f"{root} is not a DVC project ({config_file} is missing)")
+    conf = Config(dvc_dir=str(Path(root) / ".dvc"))
+    remotes = sorted(conf.get("remote", {}))
+    name = remote or conf.get("core", {}).get("remote")
+    if not name:
+        raise DvcRemoteError(f"no DVC remote to push to: {config_file} sets no default remote (`dvc remote add -d "
+                             f"<name> <url>`), and no dvc_remote was given; configured remotes: {remotes or 'none'}")
+    if name not in remotes:
+        raise DvcRemoteError(f"DVC remote {name!r} is not configured in {config_file} (or config.local); "
+                             f"configured remotes: {remotes or 'none'}")
+    return name
+
+
+def _schedule_problems(where: str, schedules: Any) -> list[str]:
+    from prefect.client.schemas.schedules import CronSchedule
+
+    if schedules is None:
+        return []
+    if not isinstance(schedules, list):
+        return [f"{where}.schedules: expected a list of schedules"]
+    problems = []
+    for i, sched in enumerate(schedules):
+        if not isinstance(sched, dict):
+            problems.append(f"{where}.schedules[{i}]: expected a mapping (cron, timezone, ...)")
+            continue
+        if "cron" in sched:
+            try:
+                CronSchedule(cron=sched["cron"], timezone=sched.get("timezone"))
+            except ValueError as e:
+                msgs = "; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors()) \
+                    if hasattr(e, "errors") else str(e)
+                problems.append(f"{where}.schedules[{i}]: cron {sched['cron']!r}, timezone "
+                                f"{sched.get('timezone')!r}: {msgs}")
+    return problems
+
+
+def _api_url() -> str | None:
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url
+
+
+def check_api() -> str:
+    """The Prefect API URL, checked to answer; raises DeploymentConfigError otherwise."""
+    from prefect.client.orchestration import get_client
+
+    url = _api_url()
+    if not url:
+        raise DeploymentConfigError(
+            "PREFECT_API_URL is not set: deployments need a Prefect server that outlives this command. Start one "
+            "(`prefect server start`) and `export PREFECT_API_URL=http://127.0.0.1:4200/api`, or log in to Prefect "
+            "Cloud (PREFECT_API_URL and PREFECT_API_KEY)")
+    with get_client(sync_client=True) as client:
+        err = client.api_healthcheck()
+    if err is not None:
+        raise DeploymentConfigError(f"the Prefect API at {url} (PREFECT_API_URL) is unreachable: "
+                                    f"{type(err).__name__}: {err}")
+    return url
+
+
+def check_deployments(root: Path, prefect_file: Path, names: list[str] | None = None) -> list[dict]:
+    """Every check in the module docstring; returns the deployments to register, raises DeploymentConfigError
+    listing every problem found."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.flows import load_flow_from_entrypoint
+
+    root, prefect_file = Path(root), Path(prefect_file)
+    url = check_api()
+    deployments = load_prefect_file(prefect_file)
+    known = [d.get("name") for d in deployments]
+    if names:
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise DeploymentConfigError(f"{prefect_file}: no deployment named {unknown} (declared: {known})")
+        deployments = [d for d in deployments if d.get("name") in names]
+    problems: list[str] = []
+    with get_client(sync_client=True) as client:
+        for i, dep in enumerate(deployments):
+            where = f"{prefect_file}: deployments[{dep.get('name') or i}]"
+            if not dep.get("name"):
+                problems.append(f"{where}.name: missing")
+            problems += _schedule_problems(where, dep.get("schedules"))
+            pool = (dep.get("work_pool") or {}).get("name")
+            if not pool:
+                problems.append(f"{where}.work_pool.name: missing")
+            else:
+                try:
+                    client.read_work_pool(pool)
+                except ObjectNotFound:
+                    problems.append(f"{where}.work_pool.name: work pool {pool!r} does not exist on {url} "
+                                    f"(create it: prefect work-pool create {pool} --type process)")
+            entrypoint = dep.get("entrypoint") or ""
+            file, _, fn = entrypoint.partition(":")
+            if not fn or not (root / file).is_file():
+                problems.append(f"{where}.entrypoint: {entrypoint!r} is not <file under {root}>:<flow function>")
+                continue
+            try:
+                flow = load_flow_from_entrypoint(str(root / entrypoint))
+            except Exception as e:  # noqa: BLE001 — any import error is reported with its deployment
+                problems.append(f"{where}.entrypoint: {entrypoint!r} does not load: {type(e).__name__}: {e}")
+                continue
+            parameters = dep.get("parameters") or {}
+            try:
+                flow.validate_parameters(parameters)
+            except Exception as e:  # noqa: BLE001 — prefect's ParameterTypeError and friends
+                problems.append(f"{where}.parameters: {e}")
+                continue
+            problems += _parameter_problems(root, where, flow, parameters)
+    if problems:
+        raise DeploymentConfigError(f"{len(problems)} problem(s) in the deployments:\n"
+                                    + "\n".join(f"  - {p}" for p in problems))
+    return deployments
+
+
+def _parameter_problems(root: Path, where: str, flow, parameters: dict) -> list[str]:
+    """What the flow would only find out when it runs: its params file, its DVC remote, its drop threshold."""
+    import inspect
+
+    from trinity.config import load_settings
+
+    sig = inspect.signature(flow.fn)
+    args = {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+    args |= parameters
+    problems = []
+    if "params" in args:
+        params = Path(args["params"])
+        try:
+            load_settings(params if params.is_absolute() else root / params)
+        except ValueError as e:
+            problems.append(f"{where}.parameters.params: {e}")
+    if "dvc_remote" in args:
+        try:
+            resolve_dvc_remote(root, args["dvc_remote"])
+        except DvcRemoteError as e:
+            problems.append(f"{where}.parameters.dvc_remote: {e}")
+    if "drop_threshold" in args:
+        from trinity.nightly import check_threshold
+
+        try:
+            check_threshold(args["drop_threshold"])
+        except ValueError as e:
+            problems.append(f"{where}.parameters.drop_threshold: {e}")
+    return problems
+
+
+def deploy(root: Path, prefect_file: Path, names: list[str] | None = None, env: dict | None = None) -> None:
+    """Check, then register the deployments with `prefect deploy` run in the checkout (so a process worker's
+    pull step sets its working directory to this checkout). Its output goes to the terminal."""
+    from prefect.settings import get_current_settings
+
+    deployments = check_deployments(root, prefect_file, names)
+    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", str(prefect_file)]
+    for d in deployments:
+        cmd += ["--name", d["name"]]
+    url = _api_url()
+    print(f"[deploy] {len(deployments)} deployment(s) checked against {url}: "
+          f"{', '.join(d['name'] for d in deployments)}", flush=True)
+    env = dict(env if env is not None else os.environ)
+    env["PREFECT_API_URL"] = url  # the API just checked, whichever profile or variable named it
+    key = get_current_settings().api.key
+    if key is not None:
+        env["PREFECT_API_KEY"] = key.get_secret_value()
+    r = subprocess.run(cmd, cwd=root, env=env)
+    if r.returncode != 0:
+        raise DeploymentConfigError(f"`{' '.join(cmd[2:])}` failed (exit {r.returncode}); its output is above")

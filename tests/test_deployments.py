@@ -1,0 +1,329 @@
+"""Prefect deployments for real: a `prefect server start` on 127.0.0.1 (own PREFECT_HOME), prefect.yaml checked
+and registered (`python flows/deploy.py`), a process worker, and `nightly-eval` triggered by a run request on a
+tiny configuration whose pool members are an OpenAI-compatible endpoint (tests/fake_openai_server.py, real HTTP).
+
+Night 1 reaches Completed with its two artifacts; then the "provider" silently changes the model behind the
+endpoint (right answers become wrong ones) and night 2 — which makes every call again, no stored reply — ends
+Failed with the drop in its state message and its artifacts published. Every process the test started (server,
+worker, the worker's flow-run processes) is gone afterwards, also when the test itself is SIGKILLed
+(tests/process_supervisor.py). Bad input (a malformed cron, an unknown work pool, a missing DVC remote, an
+unreachable API) is refused by name before anything is registered or any model called."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from trinity.config import PROJECT_ROOT, load_settings
+from trinity.data.splits import save_tasks
+from trinity.nightly import (SCORES_ARTIFACT_KEY, SUMMARY_ARTIFACT_KEY, NightlyRecord, compare, history_path,
+                             summary_markdown)
+from trinity.records import Task
+
+from fake_openai_server import FakeOpenAIServer
+from process_supervisor import Supervisor, alive
+
+ANSWER = {"value": "42"}
+"""What the fake endpoint's models answer: every task's answer is 42, so '42' is right and anything else wrong."""
+
+TRAIN = [Task(id=f"math500/t{i}", source="math500", prompt=(f"Compute {a} + {b}.",), grader="math", answer="42")
+         for i, (a, b) in enumerate([(40, 2), (30, 12)])]
+IN_DISTRIBUTION = [Task(id="math500/e1", source="math500", prompt=("Compute 21 * 2.",), grader="math", answer="42")]
+HELDOUT = [Task(id=f"gsm8k/h{i}", source="gsm8k", prompt=(q,), grader="math", answer="42")
+           for i, q in enumerate(["Tom has 50 apples and gives away 8. How many are left?",
+                                  "A box holds 6 rows of 7 eggs. How many eggs?"])]
+
+
+def _tiny_params(base_url: str) -> dict:
+    member = {"backend": "openai", "base_url": base_url, "max_tokens": 16, "timeout_s": 10.0, "max_retries": 1}
+    return {
+        "data": {"train": {"math500": 2}, "in_distribution": {"math500": 1}, "heldout": {"gsm8k": 2}},
+        "pool": {"members": [{"name": "api-a", "model": "model-a", **member},
+                             {"name": "api-b", "model": "model-b", **member}]},
+        "coordinator": {"max_turns": 2, "thinker_max_tokens": 12, "verifier_max_tokens": 4, "max_encode_tokens": 384},
+        "evolve": {"generations": 1, "popsize": 2, "episodes_per_candidate": 1},
+        "evaluate": {"bootstrap_resamples": 100},
+        "tracking": {"wandb_mode": "disabled"},
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sh(cmd, cwd, env, timeout=300, ok=True) -> subprocess.CompletedProcess:
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if ok:
+        assert r.returncode == 0, f"{cmd} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with FakeOpenAIServer(reply=lambda messages: f"The answer is {ANSWER['value']}.") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, llm):
+    """A checkout (flows/, src/, prefect.yaml) with a tiny params.yaml, its prepared splits, a coordinator
+    trained on them by the evolve stage, and a DVC project with a default (local) remote."""
+    from trinity import stages
+
+    tmp = tmp_path_factory.mktemp("deployments")
+    repo = tmp / "repo"
+    repo.mkdir()
+    for item in ("flows", "src", "prefect.yaml"):
+        src = PROJECT_ROOT / item
+        (shutil.copytree(src, repo / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+         if src.is_dir() else shutil.copy(src, repo / item))
+    (repo / "params.yaml").write_text(yaml.safe_dump(_tiny_params(llm.base_url), sort_keys=False))
+    paths = stages.Paths(repo)
+    for split, tasks in (("train", TRAIN), ("in_distribution", IN_DISTRIBUTION), ("heldout", HELDOUT)):
+        save_tasks(paths.prepared / stages.SPLIT_FILES[split], tasks)
+    stages.evolve(load_settings(repo / "params.yaml"), paths)
+    assert paths.checkpoint.with_suffix(".npy").exists()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    _sh(["git", "init", "-q"], repo, env)
+    _sh(["dvc", "init", "-q"], repo, env)
+    _sh(["dvc", "remote", "add", "-d", "local", str(tmp / "dvc-remote")], repo, env)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def prefect(tmp_path_factory, project):
+    """`prefect server start` on 127.0.0.1 with its own PREFECT_HOME, and the `trinity` process work pool; the
+    supervisor that started it, and the environment that points the CLI at it."""
+    tmp = tmp_path_factory.mktemp("prefect")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PREFECT_HOME": str(tmp / "home"), "PREFECT_API_URL": url, "PREFECT_UI_ENABLED": "false",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_WORKER_QUERY_SECONDS": "2",
+           "PREFECT_LOGGING_LEVEL": "INFO", "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    env.pop("TRINITY_DATA_DIR", None)
+    sup = Supervisor()
+    try:
+        sup.start("server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port)], env, str(tmp), str(tmp / "server.log"))
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (tmp / "server.log").read_text()[-3000:]
+            time.sleep(0.5)
+        _sh(["prefect", "work-pool", "create", "trinity", "--type", "process"], project, env)
+        yield {"url": url, "env": env, "sup": sup, "logs": tmp}
+    finally:
+        sup.descendants()
+        sup.stop()
+        assert alive(sup.seen) == [], f"processes left behind: {alive(sup.seen)}"
+
+
+def _deploy(project, env, *args) -> subprocess.CompletedProcess:
+    return _sh([sys.executable, "flows/deploy.py", *args], project, env, ok=False, timeout=300)
+
+
+def _wait_for_run(prefect, run_id: str, timeout: float = 420) -> dict:
+    """Poll the API until the flow run is final; keeps a record of every process under the supervisor."""
+    deadline = time.monotonic() + timeout
+    while True:
+        prefect["sup"].descendants()
+        run = httpx.get(f"{prefect['url']}/flow_runs/{run_id}", timeout=10).json()
+        if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return run
+        if time.monotonic() > deadline:
+            log = (prefect["logs"] / "worker.log").read_text()[-4000:]
+            pytest.fail(f"flow run {run_id} still {run['state']['type']} after {timeout}s; worker log:\n{log}")
+        time.sleep(1)
+
+
+def _trigger(project, prefect) -> str:
+    r = _sh(["prefect", "deployment", "run", "trinity-nightly-eval/nightly-eval"], project, prefect["env"])
+    ids = re.findall(r"UUID: ([0-9a-f-]{36})", r.stdout)
+    assert ids, r.stdout
+    return ids[0]
+
+
+def _artifacts(prefect, key: str) -> list[dict]:
+    r = httpx.post(f"{prefect['url']}/artifacts/filter", timeout=10,
+                   json={"artifacts": {"key": {"any_": [key]}}, "sort": "CREATED_DESC"})
+    r.raise_for_status()
+    return r.json()[::-1]  # oldest first
+
+
+def test_bad_deployments_are_refused_by_name_before_anything_is_registered(project, prefect, llm, tmp_path):
+    bad = yaml.safe_load((project / "prefect.yaml").read_text())
+    nightly, retrain = bad["deployments"]
+    nightly["schedules"][0]["cron"] = "61 2 * * *"
+    nightly["schedules"].append({"cron": "0 2 * * *", "timezone": "Mars/Olympus"})
+    nightly["work_pool"] = {"name": "no-such-pool"}
+    retrain["parameters"]["dvc_remote"] = "no-such-remote"
+    bad_file = tmp_path / "prefect.yaml"
+    bad_file.write_text(yaml.safe_dump(bad, sort_keys=False))
+    calls = llm.request_count
+    r = _deploy(project, prefect["env"], "--prefect-file", str(bad_file))
+    assert r.returncode == 2, r.stdout + r.stderr
+    err = r.stderr
+    assert "deployments[nightly-eval].schedules[0]: cron '61 2 * * *'" in err and "Invalid cron string" in err
+    assert "deployments[nightly-eval].schedules[1]" in err and "Invalid timezone" in err and "Mars/Olympus" in err
+    assert "deployments[nightly-eval].work_pool.name: work pool 'no-such-pool' does not exist on " \
+        + prefect["url"] in err
+    assert "deployments[weekly-retrain].parameters.dvc_remote: DVC remote 'no-such-remote' is not configured in " \
+        + str(project / ".dvc" / "config") in err
+    assert "4 problem(s)" in err
+    deployments = httpx.post(f"{prefect['url']}/deployments/filter", json={}, timeout=10).json()
+    assert deployments == [] and llm.request_count == calls  # nothing registered, no model called
+
+    # no Prefect API: named, with the variable that names it
+    closed = f"http://127.0.0.1:{_free_port()}/api"
+    r = _deploy(project, {**prefect["env"], "PREFECT_API_URL": closed})
+    assert r.returncode == 2 and f"the Prefect API at {closed} (PREFECT_API_URL) is unreachable" in r.stderr, r.stderr
+    r = _deploy(project, {k: v for k, v in prefect["env"].items() if k != "PREFECT_API_URL"})
+    assert r.returncode == 2 and "PREFECT_API_URL is not set" in r.stderr, r.stderr
+    # no default DVC remote for weekly-retrain
+    remote_less = tmp_path / "remote-less"
+    remote_less.mkdir()
+    shutil.copy(project / "prefect.yaml", remote_less / "prefect.yaml")
+    (remote_less / ".dvc").mkdir()
+    (remote_less / ".dvc" / "config").write_text("")
+    from trinity.deploy import DvcRemoteError, resolve_dvc_remote
+
+    with pytest.raises(DvcRemoteError, match=r"sets no default remote.*configured remotes: none"):
+        resolve_dvc_remote(remote_less, None)
+    assert resolve_dvc_remote(project, None) == "local"
+
+
+def test_nightly_eval_deployment_runs_on_a_worker_then_flags_a_silent_model_change(project, prefect, llm):
+    env = prefect["env"]
+    r = _deploy(project, env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 deployment(s) checked" in r.stdout
+    deployments = {d["name"]: d for d in httpx.post(f"{prefect['url']}/deployments/filter", json={},
+                                                     timeout=10).json()}
+    assert set(deployments) == {"nightly-eval", "weekly-retrain"}
+    nightly = deployments["nightly-eval"]
+    assert nightly["work_pool_name"] == "trinity" and nightly["parameters"]["drop_threshold"] == 0.05
+    assert [(s["schedule"]["cron"], s["schedule"]["timezone"]) for s in nightly["schedules"]] == [("0 2 * * *", "UTC")]
+    assert nightly["pull_steps"] == [{"prefect.deployments.steps.set_working_directory":
+                                      {"directory": str(project)}}]
+    prefect["sup"].start("worker", [sys.executable, "-m", "prefect", "worker", "start", "--pool", "trinity",
+                                    "--type", "process", "--name", "test-worker"],
+                         env, str(project), str(prefect["logs"] / "worker.log"))
+
+    # night 1: the endpoint's models answer right
+    ANSWER["value"] = "42"
+    calls0 = llm.request_count
+    first = _wait_for_run(prefect, _trigger(project, prefect))
+    assert first["state"]["type"] == "COMPLETED", (first["state"], (prefect["logs"] / "worker.log").read_text()[-4000:])
+    assert llm.request_count > calls0  # real calls to the endpoint, from the worker's flow-run process
+    summary = _artifacts(prefect, SUMMARY_ARTIFACT_KEY)
+    table = _artifacts(prefect, SCORES_ARTIFACT_KEY)
+    assert [a["flow_run_id"] for a in summary] == [first["id"]] and summary[0]["type"] == "markdown"
+    assert "OK — first nightly evaluation" in summary[0]["data"]
+    rows = json.loads(table[0]["data"]) if isinstance(table[0]["data"], str) else table[0]["data"]
+    assert table[0]["type"] == "table" and table[0]["flow_run_id"] == first["id"]
+    by = {(row["method"], row["benchmark"]): row for row in rows}
+    assert by[("alone:api-a", "gsm8k")]["score"] == 1.0 and by[("alone:api-a", "gsm8k")]["previous"] is None
+    assert {b for _, b in by} == {"math500", "gsm8k"}
+    history = [json.loads(line) for line in history_path(project).read_text().splitlines()]
+    assert [h["run"] for h in history] == [first["name"]]
+
+    # night 2: the provider swapped the model behind the endpoint; no stored reply may hide it
+    ANSWER["value"] = "41"
+    calls1 = llm.request_count
+    second = _wait_for_run(prefect, _trigger(project, prefect))
+    assert second["state"]["type"] == "FAILED", second["state"]
+    msg = second["state"]["message"]
+    assert f"score drop beyond 0.050 since {first['name']}" in msg and "alone:api-a on gsm8k 1.000 -> 0.000" in msg
+    assert llm.request_count > calls1  # every call made again
+    summary = _artifacts(prefect, SUMMARY_ARTIFACT_KEY)
+    assert [a["flow_run_id"] for a in summary] == [first["id"], second["id"]]  # the nightly history, one key
+    assert "**DROP FLAGGED**" in summary[1]["data"] and "alone:api-b | gsm8k | heldout | 0.000 | 1.000 | -1.000 " \
+        "**drop**" in summary[1]["data"]
+    assert len(_artifacts(prefect, SCORES_ARTIFACT_KEY)) == 2
+    task_runs = httpx.post(f"{prefect['url']}/task_runs/filter", timeout=10,
+                           json={"flow_runs": {"id": {"any_": [second["id"]]}}}).json()
+    assert {t["name"].rsplit("-", 1)[0] for t in task_runs} == {"check-inputs", "evaluate-checkpoint",
+                                                                 "compare-with-previous", "publish-artifacts"}
+    runs = sorted((project / "data" / "nightly" / "runs").iterdir())
+    assert len(runs) == 2 and all((d / "results.json").exists() and (d / "store.duckdb").exists() for d in runs)
+    # the flow-run processes were the worker's children, in sessions of their own: the supervisor saw them
+    assert len(prefect["sup"].seen) >= 3
+
+
+def test_comparison_flags_only_drops_beyond_the_threshold():
+    def record(run, a, b, fingerprint="f1"):
+        return NightlyRecord(run=run, finished_at="t", checkpoint={"run_fingerprint": fingerprint},
+                             splits={"gsm8k": "heldout", "mt_bench": "heldout"},
+                             scores={"trinity": {"gsm8k": a, "mt_bench": b}})
+
+    prev = record("night-1", 0.50, 0.70)
+    assert not compare(None, prev, 0.05).flagged
+    assert compare(None, prev, 0.05).message().startswith("first nightly evaluation")
+    same = compare(prev, record("night-2", 0.45, 0.70), 0.05)  # exactly the threshold: not a drop
+    assert not same.flagged and not same.checkpoint_changed
+    drop = compare(prev, record("night-2", 0.44, 0.80, fingerprint="f2"), 0.05)
+    assert drop.flagged and [(d.method, d.benchmark) for d in drop.drops] == [("trinity", "gsm8k")]
+    assert drop.checkpoint_changed and "changed since the previous night" in summary_markdown(
+        record("night-2", 0.44, 0.80, "f2"), drop)
+    gone = compare(prev, NightlyRecord(run="n3", finished_at="t", checkpoint={}, splits={"gsm8k": "heldout"},
+                                       scores={"trinity": {"gsm8k": 0.5}}), 0.05)
+    assert not gone.flagged and any(c.benchmark == "mt_bench" and c.current is None for c in gone.changes)
+    for bad in (-0.1, 1.0, float("nan"), "0.05", True):
+        with pytest.raises(ValueError, match="drop_threshold"):
+            compare(prev, prev, bad)
+
+
+SACRIFICIAL_TEST = textwrap.dedent("""
+    import json, subprocess, sys, time
+    sys.path.insert(0, {tests!r})
+    from process_supervisor import Supervisor
+    sup = Supervisor()
+    env = {env!r}
+    sup.start("server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                         "{port}"], env, {tmp!r}, {tmp!r} + "/server.log")
+    # a grandchild that detaches into a session of its own, as a process worker's flow runs do
+    sup.start("detacher", [sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '600'], "
+                           "start_new_session=True); time.sleep(600)"], env, {tmp!r}, {tmp!r} + "/detacher.log")
+    deadline = time.time() + 60
+    while len(sup.descendants()) < 3 and time.time() < deadline:
+        time.sleep(0.5)
+    print(json.dumps(sup.descendants() + [sup.proc.pid]), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_sigkilled_test_leaves_no_process_behind(tmp_path):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "home"), "PREFECT_UI_ENABLED": "false"}
+    script = SACRIFICIAL_TEST.format(tests=str(Path(__file__).parent), env=env, port=_free_port(), tmp=str(tmp_path))
+    test = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(test.stdout.readline())
+        assert len(pids) >= 4 and alive(pids) == pids  # server, detacher, its detached sleep, the supervisor
+        os.kill(test.pid, signal.SIGKILL)
+        test.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert alive(pids) == [], f"left behind after the test was SIGKILLed: {alive(pids)}"
+    finally:
+        test.kill()
