@@ -102,6 +102,11 @@ def project(tmp_path_factory, llm):
     _sh(["git", "init", "-q"], repo, env)
     _sh(["dvc", "init", "-q"], repo, env)
     _sh(["dvc", "remote", "add", "-d", "local", str(tmp / "dvc-remote")], repo, env)
+    # the pipeline weekly-retrain reproduces here: one cheap stage that reads the checkpoint
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"checkpoint-summary": {
+        "cmd": "python -c \"import json; m = json.load(open('data/checkpoints/coordinator.json')); "
+               "json.dump({'n_params': m['n_params']}, open('data/checkpoint-summary.json', 'w'))\"",
+        "deps": ["data/checkpoints/coordinator.json"], "outs": ["data/checkpoint-summary.json"]}}}))
     return repo
 
 
@@ -156,8 +161,9 @@ def _wait_for_run(prefect, run_id: str, timeout: float = 420) -> dict:
         time.sleep(1)
 
 
-def _trigger(project, prefect) -> str:
-    r = _sh(["prefect", "deployment", "run", "trinity-nightly-eval/nightly-eval"], project, prefect["env"])
+def _trigger(project, prefect, deployment="trinity-nightly-eval/nightly-eval", *params: str) -> str:
+    r = _sh(["prefect", "deployment", "run", deployment, *[a for p in params for a in ("--param", p)]], project,
+            prefect["env"])
     ids = re.findall(r"UUID: ([0-9a-f-]{36})", r.stdout)
     assert ids, r.stdout
     return ids[0]
@@ -260,6 +266,12 @@ def test_nightly_eval_deployment_runs_on_a_worker_then_flags_a_silent_model_chan
     assert "**DROP FLAGGED**" in summary[1]["data"] and "alone:api-b | gsm8k | heldout | 0.000 | 1.000 | -1.000 " \
         "**drop**" in summary[1]["data"]
     assert len(_artifacts(prefect, SCORES_ARTIFACT_KEY)) == 2
+    # what the README tells a user to run
+    shown = json.loads(_sh(["prefect", "artifact", "inspect", SUMMARY_ARTIFACT_KEY, "-o", "json"], project, env).stdout)
+    assert [a["flow_run_id"] for a in shown] == [second["id"], first["id"]]  # newest first
+    print(f"\n[deployments] nightly-eval runs: {first['name']} {first['id']} {first['state']['type']}; "
+          f"{second['name']} {second['id']} {second['state']['type']}: {msg}; artifact keys "
+          f"{SUMMARY_ARTIFACT_KEY}, {SCORES_ARTIFACT_KEY} (2 versions each)")
     task_runs = httpx.post(f"{prefect['url']}/task_runs/filter", timeout=10,
                            json={"flow_runs": {"id": {"any_": [second["id"]]}}}).json()
     assert {t["name"].rsplit("-", 1)[0] for t in task_runs} == {"check-inputs", "evaluate-checkpoint",
@@ -268,6 +280,28 @@ def test_nightly_eval_deployment_runs_on_a_worker_then_flags_a_silent_model_chan
     assert len(runs) == 2 and all((d / "results.json").exists() and (d / "store.duckdb").exists() for d in runs)
     # the flow-run processes were the worker's children, in sessions of their own: the supervisor saw them
     assert len(prefect["sup"].seen) >= 3
+
+
+def test_weekly_retrain_checks_the_remote_first_then_reproduces_and_pushes(project, prefect, tmp_path):
+    retrain = "trinity-weekly-retrain/weekly-retrain"
+    bad = _wait_for_run(prefect, _trigger(project, prefect, retrain, "dvc_remote=no-such-remote"))
+    assert bad["state"]["type"] == "FAILED" and "DVC remote 'no-such-remote' is not configured" in \
+        bad["state"]["message"], bad["state"]
+    assert not (project / "dvc.lock").exists()  # refused before the pipeline ran
+    run = _wait_for_run(prefect, _trigger(project, prefect, retrain))
+    assert run["state"]["type"] == "COMPLETED", (run["state"], (prefect["logs"] / "worker.log").read_text()[-4000:])
+    assert json.loads((project / "data/checkpoint-summary.json").read_text())["n_params"] > 0
+    assert "checkpoint-summary" in (project / "dvc.lock").read_text()
+    # pushed: with the local copy and DVC's cache gone, the output comes back from the remote
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    (project / "data/checkpoint-summary.json").unlink()
+    shutil.rmtree(project / ".dvc" / "cache")
+    _sh(["dvc", "pull", "data/checkpoint-summary.json"], project, env)
+    assert json.loads((project / "data/checkpoint-summary.json").read_text())["n_params"] > 0
+    (artifact,) = _artifacts(prefect, "weekly-retrain-summary")
+    assert artifact["flow_run_id"] == run["id"] and "dvc push -r local" in artifact["data"]
+    print(f"\n[deployments] weekly-retrain runs: {bad['id']} {bad['state']['type']} ({bad['state']['message']}); "
+          f"{run['id']} {run['state']['type']}; artifact key weekly-retrain-summary")
 
 
 def test_comparison_flags_only_drops_beyond_the_threshold():
