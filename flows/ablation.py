@@ -15,9 +15,9 @@ def _scalars(out: dict) -> dict:
 
 
 @flow(name="trinity-ablation")
-def ablation_flow(params: str = "params.yaml") -> dict:
+def ablation_flow(params: str = "params.yaml", timeout_minutes: float | None = None) -> dict:
     """Train sep-CMA-ES, REINFORCE and random search on the same budget; write reports/ablation.md."""
-    return run_stage("ablation", params, summarize=_scalars)
+    return run_stage("ablation", params, summarize=_scalars, timeout_minutes=timeout_minutes)
 
 
 if __name__ == "__main__":

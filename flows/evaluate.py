@@ -5,9 +5,10 @@ from prefect import flow
 
 
 @flow(name="trinity-evaluate")
-def evaluate_flow(params: str = "params.yaml") -> dict:
-    """Run the evaluate stage with the given params file (relative paths are from the project root)."""
-    return run_stage("evaluate", params)
+def evaluate_flow(params: str = "params.yaml", timeout_minutes: float | None = None) -> dict:
+    """Run the evaluate stage with the given params file (relative paths are from the project root); stop it after
+    timeout_minutes (None: no limit)."""
+    return run_stage("evaluate", params, timeout_minutes=timeout_minutes)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ from prefect import flow
 
 
 @flow(name="trinity-evolve")
-def evolve_flow(params: str = "params.yaml") -> dict:
-    """Run the evolve stage with the given params file (relative paths are from the project root)."""
-    return run_stage("evolve", params)
+def evolve_flow(params: str = "params.yaml", timeout_minutes: float | None = None) -> dict:
+    """Run the evolve stage with the given params file (relative paths are from the project root); stop it after
+    timeout_minutes (None: no limit)."""
+    return run_stage("evolve", params, timeout_minutes=timeout_minutes)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ the run Failed when a score dropped beyond `drop_threshold` (trinity.nightly say
 
 `python flows/nightly_eval.py [--params FILE]` runs it once, without a deployment.
 """
-from _bootstrap import ROOT, main  # hermetic defaults before prefect is imported
+from _bootstrap import LLM_BOUND_RETRIES, ROOT, main  # hermetic defaults before prefect is imported
 
 import json
 from pathlib import Path
@@ -14,16 +14,6 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.states import Failed
-from prefect.tasks import exponential_backoff
-
-BAD_INPUT = (ValueError, FileNotFoundError)
-"""What no retry can fix: invalid params, a missing checkpoint or split, a checkpoint that does not fit the params."""
-
-
-def retry_unless_bad_input(task, task_run, state) -> bool:
-    """Retry policy filter: an outage or a timeout is retried; bad input fails at once."""
-    return not isinstance(state.result(raise_on_failure=False), BAD_INPUT)
-
 
 def _params_path(params: str) -> Path:
     return Path(params) if Path(params).is_absolute() else ROOT / params
@@ -52,9 +42,7 @@ def check_inputs(params: str, drop_threshold: float) -> dict:
             "previous_run": previous.run if previous else None}
 
 
-@task(name="evaluate-checkpoint", cache_policy=NO_CACHE, retries=2,
-      retry_delay_seconds=exponential_backoff(backoff_factor=60), retry_jitter_factor=0.5,
-      retry_condition_fn=retry_unless_bad_input)
+@task(name="evaluate-checkpoint", cache_policy=NO_CACHE, **LLM_BOUND_RETRIES)
 def evaluate_checkpoint(params: str, run_dir: str) -> dict:
     """The evaluate stage's code on a fresh store in `run_dir` (every call made again: no stored reply hides a
     changed model). A retry resumes from the calls the failed attempt stored in the same directory."""

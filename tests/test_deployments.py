@@ -361,3 +361,65 @@ def test_a_sigkilled_test_leaves_no_process_behind(tmp_path):
         assert alive(pids) == [], f"left behind after the test was SIGKILLed: {alive(pids)}"
     finally:
         test.kill()
+
+
+def _latest_flow_run(prefect, flow_name: str) -> dict:
+    r = httpx.post(f"{prefect['url']}/flow_runs/filter", timeout=10,
+                   json={"flows": {"name": {"any_": [flow_name]}}, "sort": "START_TIME_DESC", "limit": 1})
+    r.raise_for_status()
+    (run,) = r.json()
+    return run
+
+
+def test_a_stage_flow_shows_its_steps_as_tasks_and_publishes_its_table(project, prefect):
+    """`python flows/evaluate.py` (what `dvc repro` runs) against the server: load-params → evaluate →
+    publish-artifacts, and the per-benchmark table under its stable key."""
+    _sh([sys.executable, "flows/evaluate.py"], project, prefect["env"], timeout=600)
+    run = _latest_flow_run(prefect, "trinity-evaluate")
+    assert run["state"]["type"] == "COMPLETED"
+    task_runs = httpx.post(f"{prefect['url']}/task_runs/filter", timeout=10,
+                           json={"flow_runs": {"id": {"any_": [run["id"]]}}}).json()
+    assert {t["name"].rsplit("-", 1)[0] for t in task_runs} == {"load-params", "evaluate", "publish-artifacts"}
+    (table,) = _artifacts(prefect, "trinity-eval-scores")
+    (summary,) = _artifacts(prefect, "trinity-evaluate-summary")
+    assert table["flow_run_id"] == summary["flow_run_id"] == run["id"]
+    rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
+    results = json.loads((project / "data/eval/results.json").read_text())
+    assert {(r["benchmark"], r["split"], r["method"]) for r in rows} == {
+        (b["name"], b["split"], m) for b in results["benchmarks"] for m in results["scores"]}
+    assert "| trinity | " in summary["data"] and "avg_heldout" in summary["data"]  # the stage's metrics
+
+
+def test_llm_bound_tasks_retry_an_outage_with_backoff_and_jitter_but_not_bad_input(prefect):
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+    from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
+
+    sys.path.insert(0, str(PROJECT_ROOT / "flows"))
+    import _bootstrap
+
+    opts = _bootstrap.LLM_BOUND_RETRIES
+    assert opts["retries"] == 2 and opts["retry_delay_seconds"](2) == [60, 120] and opts["retry_jitter_factor"] == 0.5
+    attempts = []
+    errors = {"outage": ConnectionError, "bad input": ValueError}
+
+    def call_model(error: str) -> str:
+        attempts.append(error)
+        if len(attempts) == 1:
+            raise errors[error]("the first attempt fails")
+        return "answer"
+
+    # the stage's own retry policy, but no 60 s wait in a test
+    call = task(call_model, name="call-model", cache_policy=NO_CACHE, **opts).with_options(retry_delay_seconds=0)
+
+    @flow(name="retry-policy")
+    def one_call(error: str):
+        return call(error, return_state=True)
+
+    # logs stay local: an API log handler would flush to the server after the fixture stopped it
+    with temporary_settings({PREFECT_API_URL: prefect["url"], PREFECT_LOGGING_TO_API_ENABLED: False}):
+        outage = one_call("outage", return_state=True)
+        assert outage.is_completed() and len(attempts) == 2
+        attempts.clear()
+        bad = one_call("bad input", return_state=True)
+        assert bad.is_failed() and len(attempts) == 1  # bad input is not retried
