@@ -243,40 +243,11 @@ class EpisodeResult:
                 "conversation": {"history": [list(h) for h in self.task.history], "query": self.task.query}}
 
 
-class _ObservedPool:
-    """The pool as one episode sees it: every reply is also reported to `on_call` (member index, role, reply,
-    whether the store already held it) as soon as it arrives, for the trace and for streaming."""
+class _PoolView:
+    """A pool seen through a wrapper: everything but `complete_many` is the wrapped pool's."""
 
-    def __init__(self, pool, on_call: Callable[[int, str | None, ChatResponse, bool], None]):
-        self._pool, self._on_call = pool, on_call
-
-    def __len__(self) -> int:
-        return len(self._pool)
-
-    @property
-    def names(self) -> list[str]:
-        return self._pool.names
-
-    def signature(self) -> tuple:
-        return self._pool.signature()
-
-    def key(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> str:
-        return self._pool.key(idx, messages, role)
-
-    async def complete_many(self, requests: Sequence) -> list[ChatResponse]:
-        store = self._pool.store
-        stored = [store is not None and store.get_response(r[2]) is not None for r in requests]
-        replies = await self._pool.complete_many(requests)
-        for r, resp, s in zip(requests, replies, stored):
-            self._on_call(r[0], r[1], resp, s)
-        return replies
-
-
-class _PoolOnLoop:
-    """The pool, seen from an episode's own thread and loop: requests run on `loop`, the loop that owns the pool."""
-
-    def __init__(self, pool, loop: asyncio.AbstractEventLoop):
-        self._pool, self._loop = pool, loop
+    def __init__(self, pool):
+        self._pool = pool
         self.store = pool.store
 
     def __len__(self) -> int:
@@ -291,6 +262,31 @@ class _PoolOnLoop:
 
     def key(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> str:
         return self._pool.key(idx, messages, role)
+
+
+class _ObservedPool(_PoolView):
+    """The pool as one episode sees it: every reply is also reported to `on_call` (member index, role, reply,
+    whether the store already held it) as soon as it arrives, for the trace and for streaming."""
+
+    def __init__(self, pool, on_call: Callable[[int, str | None, ChatResponse, bool], None]):
+        super().__init__(pool)
+        self._on_call = on_call
+
+    async def complete_many(self, requests: Sequence) -> list[ChatResponse]:
+        store = self.store
+        stored = [store is not None and store.get_response(r[2]) is not None for r in requests]
+        replies = await self._pool.complete_many(requests)
+        for r, resp, s in zip(requests, replies, stored):
+            self._on_call(r[0], r[1], resp, s)
+        return replies
+
+
+class _PoolOnLoop(_PoolView):
+    """The pool, seen from an episode's own thread and loop: requests run on `loop`, the loop that owns the pool."""
+
+    def __init__(self, pool, loop: asyncio.AbstractEventLoop):
+        super().__init__(pool)
+        self._loop = loop
 
     async def complete_many(self, requests: Sequence) -> list[ChatResponse]:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._pool.complete_many(requests),
