@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from trinity.config import load_settings
-from trinity.tracking import StageRun, artifact_name, log_eval_results
+from trinity.tracking import StageRun, artifact_name, log_eval_results, wandb_group
 
 KEY_ENV = "TRINITY_TRACKING_TEST_CRED"  # a name redact would not guess: only the pool registration catches it
 BENCHMARKS = ("math500", "mt_bench")
@@ -292,7 +292,7 @@ def test_a_secret_reaches_no_file_of_the_run(env, tmp_path, monkeypatch):
     assert not leaks, f"secret found in {leaks}"
 
     # ... and it was logged, redacted, not dropped
-    assert info["run"].run_group == "pipeline" and info["run"].job_type == "evaluate"
+    assert info["run"].run_group == wandb_group() and info["run"].job_type == "evaluate"  # this process: its own run
     marker = f"[REDACTED:{KEY_ENV}]"
     assert marker in json.dumps(_table(run_dir, "eval/paired")["data"])
     assert marker in json.dumps(_table(run_dir, "eval/extra")["data"])

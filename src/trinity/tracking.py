@@ -3,8 +3,11 @@
 Everything logged passes through `redact` first, so no API key reaches a W&B config, summary, table,
 artifact metadata or artifact file.
 
-Runs of one `dvc repro` share a W&B group: env `TRINITY_WANDB_GROUP` when set, else "pipeline"; the job type
-is the stage name.
+Runs of one pipeline run share a W&B group, and the next pipeline run gets another (`wandb_group`): env
+`TRINITY_WANDB_GROUP` when set (the user's override), else an id of the run that started the stage process —
+the nearest `dvc` ancestor process (`dvc repro`, `dvc exp run`: `dvc-<its start time>-<its pid>`), else the
+root Prefect flow run (flows/pipeline.py: `prefect-<root flow run id>`), else this process. The job type is the
+stage name.
 
 Where W&B keeps its files. Runs are written under WANDB_DIR (default `data/wandb`, inside the project). W&B
 also copies every artifact file (and every logged table: tables are artifacts too) to a *staging* dir,
@@ -20,9 +23,11 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +35,13 @@ from trinity.code_version import code_version
 from trinity.config import PROJECT_ROOT, Settings
 from trinity.tracking_redact import redact, redact_text, register_pool
 
-DEFAULT_GROUP = "pipeline"
 GROUP_ENV = "TRINITY_WANDB_GROUP"
+
+# Keys the runs log (log_eval_results; trinity.wandb_report builds its panels from the keys the runs hold).
+EVAL_TABLE_PREFIX = "eval/"
+EVAL_SUMMARY_TABLE = "eval/summary"
+EVAL_PAIRED_TABLE = "eval/paired"
+PLOTS_PREFIX = "plots/"
 
 # W&B env var -> subdirectory of WANDB_DIR it defaults to here (see the module docstring).
 _WANDB_STORAGE_ENV = {"WANDB_DATA_DIR": "wandb-data", "WANDB_CACHE_DIR": "wandb-cache",
@@ -47,9 +57,85 @@ _NAME_MAXLEN = 128
 
 
 def wandb_group() -> str:
-    """The W&B group of this process's stage runs: env TRINITY_WANDB_GROUP, else "pipeline"."""
-    group = redact_text(os.environ.get(GROUP_ENV, "").strip())
-    return group[:_NAME_MAXLEN] or DEFAULT_GROUP
+    """The W&B group of this process's stage runs: one per pipeline run, shared by all its stages.
+
+    1. env TRINITY_WANDB_GROUP, when set: the user's name for the run (several repros may share it on purpose).
+    2. `dvc-<start>-<pid>` of the nearest `dvc` ancestor process. DVC starts every stage of a `dvc repro` (or
+       `dvc exp run`) as a child process of that one `dvc` process, and tells a stage command nothing that is
+       per-run (its env has only DVC_ROOT and DVC_STAGE), so the dvc process itself is the run: every stage
+       of the repro finds the same one, and the next repro is another process (another pid, another start
+       time: a reused pid does not start at the same second). Nothing is written to disk, so a crashed or
+       partial repro leaves no state that a later one could pick up; stages DVC skips simply have no run in
+       the group (their runs are in the group of the repro that ran them).
+    3. `prefect-<root flow run id>` inside a Prefect flow run: the pipeline flow (flows/pipeline.py) runs the
+       stage flows as subflows of one root flow run, in one process.
+    4. `proc-<start>-<pid>` of this process: a stage run by hand, or a test, is its own run.
+    """
+    group = redact_text(os.environ.get(GROUP_ENV, "").strip())[:_NAME_MAXLEN]
+    return group or pipeline_run_id()
+
+
+def _stamp(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, tz=timezone.utc).strftime("%Y%m%dT%H%M%S")
+
+
+def _is_dvc(cmdline: list[str]) -> bool:
+    """`dvc ...` (the console script) or `python [-m] .../dvc ...`."""
+    head = [Path(a).name for a in cmdline[:3]]
+    if head and head[0] in ("dvc", "dvc.exe"):
+        return True
+    return bool(head) and head[0].startswith("python") and (
+        (len(head) > 1 and head[1] in ("dvc", "dvc.exe")) or cmdline[1:3] == ["-m", "dvc"])
+
+
+def _dvc_ancestor():
+    """The nearest ancestor process that is `dvc`, or None."""
+    import psutil
+
+    try:
+        parents = psutil.Process().parents()
+    except psutil.Error:
+        return None
+    for proc in parents:
+        try:
+            if _is_dvc(proc.cmdline()):
+                return proc
+        except psutil.Error:  # gone, or not ours to read
+            continue
+    return None
+
+
+def _prefect_root_flow_run_id() -> str | None:
+    if "prefect" not in sys.modules:  # not in a flow: don't import Prefect just to ask
+        return None
+    try:
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        if ctx is None or ctx.flow_run is None:
+            return None
+        from prefect.runtime import flow_run
+
+        return str(flow_run.root_flow_run_id or ctx.flow_run.id)
+    except Exception:  # the group is a label: never fail a stage over it
+        return None
+
+
+def pipeline_run_id() -> str:
+    """The id of the pipeline run this process belongs to (steps 2-4 of `wandb_group`)."""
+    import psutil
+
+    dvc = _dvc_ancestor()
+    if dvc is not None:
+        try:
+            return f"dvc-{_stamp(dvc.create_time())}-{dvc.pid}"
+        except psutil.Error:
+            pass
+    root = _prefect_root_flow_run_id()
+    if root:
+        return f"prefect-{root}"
+    me = psutil.Process()
+    return f"proc-{_stamp(me.create_time())}-{me.pid}"
 
 
 def artifact_name(name: str) -> str:
@@ -281,7 +367,7 @@ def log_eval_results(tracker: StageRun, results: dict, plots_dir: Path | None) -
                          s.get("mean_turns")])
             if s.get("score") is not None:
                 values[f"score/{m}/{bench}"] = s["score"]
-        payload[f"eval/{bench}"] = tracker.make_table(_BENCHMARK_COLUMNS, rows)
+        payload[f"{EVAL_TABLE_PREFIX}{bench}"] = tracker.make_table(_BENCHMARK_COLUMNS, rows)
 
     summary_rows = []
     for m in methods:
@@ -291,7 +377,7 @@ def log_eval_results(tracker: StageRun, results: dict, plots_dir: Path | None) -
         for split in ("in_distribution", "heldout"):
             if avg.get(split) is not None:
                 values[f"avg_{split}/{m}"] = avg[split]
-    payload["eval/summary"] = tracker.make_table(
+    payload[EVAL_SUMMARY_TABLE] = tracker.make_table(
         ["method", *benchmarks, "avg_in_distribution", "avg_heldout"], summary_rows)
 
     paired_rows = []
@@ -300,14 +386,15 @@ def log_eval_results(tracker: StageRun, results: dict, plots_dir: Path | None) -
             lo, hi = _ci(c.get("ci95"))
             paired_rows.append([bench, c.get("a"), c.get("b"), c.get("label"), c.get("diff"), lo, hi,
                                 c.get("n"), c.get("outcome")])
-    payload["eval/paired"] = tracker.make_table(_PAIRED_COLUMNS, paired_rows)
+    payload[EVAL_PAIRED_TABLE] = tracker.make_table(_PAIRED_COLUMNS, paired_rows)
 
     if plots_dir is not None and Path(plots_dir).is_dir():
         for png in sorted(Path(plots_dir).glob("*.png")):
-            payload[f"plots/{png.stem}"] = tracker._wandb.Image(str(png))
+            payload[f"{PLOTS_PREFIX}{png.stem}"] = tracker._wandb.Image(str(png))
 
     tracker.log(payload)
     tracker.summary(values)
 
 
-__all__ = ["DEFAULT_GROUP", "GROUP_ENV", "StageRun", "artifact_name", "log_eval_results", "wandb_group"]
+__all__ = ["EVAL_PAIRED_TABLE", "EVAL_SUMMARY_TABLE", "EVAL_TABLE_PREFIX", "GROUP_ENV", "PLOTS_PREFIX", "StageRun",
+           "artifact_name", "log_eval_results", "pipeline_run_id", "wandb_group"]

@@ -1,0 +1,85 @@
+"""One W&B group per pipeline run (`trinity.tracking.wandb_group`): every stage of one real `dvc repro` (separate
+processes DVC starts) gets the same group, the next repro another; TRINITY_WANDB_GROUP overrides it; the stage
+flows of one Prefect pipeline flow run share the root flow run's group."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trinity.tracking import GROUP_ENV, pipeline_run_id, wandb_group
+
+# Each stage prints the group a StageRun of its process would get, into its own DVC output.
+DVC_YAML = """stages:
+  first:
+    cmd: {py} -c "from trinity.tracking import wandb_group; print(wandb_group())" > first.txt
+    outs: [first.txt]
+  second:
+    cmd: {py} -c "from trinity.tracking import wandb_group; print(wandb_group())" > second.txt
+    deps: [first.txt]
+    outs: [second.txt]
+"""
+
+
+def _sh(cmd, cwd, env):
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"{cmd}: {r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+@pytest.fixture
+def dvc_repo(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != GROUP_ENV}
+    env.update({"PATH": f"{Path(sys.executable).parent}:{env['PATH']}", "DVC_NO_ANALYTICS": "1"})
+    (tmp_path / "dvc.yaml").write_text(DVC_YAML.format(py=sys.executable))
+    _sh(["git", "init", "-q"], tmp_path, env)
+    _sh(["dvc", "init", "-q"], tmp_path, env)
+    return tmp_path, env
+
+
+def _groups(repo: Path) -> tuple[str, str]:
+    return (repo / "first.txt").read_text().strip(), (repo / "second.txt").read_text().strip()
+
+
+def test_the_stages_of_one_dvc_repro_share_a_group_and_the_next_repro_gets_another(dvc_repo):
+    repo, env = dvc_repo
+    _sh(["dvc", "repro"], repo, env)
+    first, second = _groups(repo)
+    assert first == second and first.startswith("dvc-"), (first, second)
+    assert first != wandb_group()  # this (pytest) process is not that repro
+
+    _sh(["dvc", "repro", "-f"], repo, env)  # the next repro: both stages again, in a new group
+    again = _groups(repo)
+    assert again[0] == again[1] and again[0].startswith("dvc-") and again[0] != first
+
+    _sh(["dvc", "repro", "-f"], repo, {**env, GROUP_ENV: "nightly-42"})  # the user's name wins
+    assert _groups(repo) == ("nightly-42", "nightly-42")
+
+
+def test_outside_dvc_and_prefect_a_process_is_its_own_run(monkeypatch):
+    monkeypatch.delenv(GROUP_ENV, raising=False)
+    group = wandb_group()
+    assert group == pipeline_run_id() and group.startswith("proc-") and group.endswith(f"-{os.getpid()}")
+    monkeypatch.setenv(GROUP_ENV, "  my-sweep ")
+    assert wandb_group() == "my-sweep"
+
+
+def test_the_stage_flows_of_one_pipeline_flow_run_share_its_group(monkeypatch):
+    monkeypatch.delenv(GROUP_ENV, raising=False)
+    from prefect import flow
+
+    @flow(name="stage-like")
+    def stage_like() -> str:
+        return wandb_group()
+
+    @flow(name="pipeline-like")
+    def pipeline_like() -> tuple[str, str, str]:
+        from prefect.runtime import flow_run
+
+        return stage_like(), stage_like(), str(flow_run.id)
+
+    a, b, root = pipeline_like()
+    assert a == b == f"prefect-{root}"
+    c, _, root2 = pipeline_like()
+    assert c == f"prefect-{root2}" != a
