@@ -210,6 +210,63 @@ def stage(
     print(json.dumps(out, default=str))
 
 
+@app.command()
+def report(
+    wandb: Annotated[bool, typer.Option("--wandb", help="build the W&B Report of one pipeline run (a W&B group) "
+                                        "from the runs under WANDB_DIR (default ROOT/data/wandb) instead")] = False,
+    group: Annotated[Optional[str], typer.Option(help="with --wandb: the pipeline run's W&B group (default: the "
+                                                      "group of the newest run)")] = None,
+    project: Annotated[Optional[str], typer.Option(help="with --wandb: W&B project (default: the runs' own)")] = None,
+    entity: Annotated[Optional[str], typer.Option(help="with --wandb: W&B entity (default: WANDB_ENTITY, the runs' "
+                                                       "own, else your default entity)")] = None,
+    params: Annotated[Path, typer.Option(help="params file (its tracking.wandb_mode, unless WANDB_MODE is set)")] =
+        Path("params.yaml"),
+    root: RootOpt = Path("."),
+) -> None:
+    """Write the evaluation report (ROOT/reports: summary.md, traces.md, plots/*.png) from the pipeline's files;
+    with --wandb, build the W&B Report of a pipeline run instead (per-benchmark tables, fitness curves, usage by
+    model and role, score vs compute), save it when W&B is online with an API key and the server answers, and
+    write its model to WANDB_DIR/reports/<group>.json either way."""
+    root = root.resolve()
+    if not wandb:
+        from trinity.report import write_report
+        from trinity.stages import Paths
+
+        p = Paths(root)
+        try:
+            written = write_report(p.eval_dir, p.evolve_dir, p.checkpoint.with_suffix(".json"), p.reports)
+        except FileNotFoundError as e:
+            _fail(str(e))
+        for name, path in written.items():
+            print(f"{name}: {path}")
+        return
+
+    from trinity.wandb_report import ReportInputError, publish
+
+    mode = os.environ.get("WANDB_MODE")
+    if not mode:
+        from trinity.config import ConfigError, load_settings
+
+        path = _params_path(root, params)
+        try:
+            mode = load_settings(path).tracking.wandb_mode if path.exists() else "offline"
+        except ConfigError as e:
+            _fail(str(e))
+    wandb_dir = Path(os.environ.get("WANDB_DIR") or root / "data" / "wandb")
+    try:
+        out = publish(wandb_dir, group=group, project=project, entity=entity, mode=mode)
+    except ReportInputError as e:
+        _fail(str(e))
+    stages_run = ", ".join(f"{r.job_type} ({r.name})" for r in out.runs)
+    print(f"W&B report of group {out.group}: {len(out.runs)} runs: {stages_run}")
+    print(f"model: {out.model_path}")
+    if out.saved:
+        print(f"saved: {out.url}")
+    else:
+        print(f"trinity: W&B report built but NOT saved: {out.reason}; its model is in {out.model_path}",
+              file=sys.stderr)
+
+
 @app.command("check-graders", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                                 "help_option_names": []})
 def check_graders(ctx: typer.Context) -> None:

@@ -1,0 +1,363 @@
+"""A W&B Report for one pipeline run (one W&B group), built with `wandb-workspaces` from the runs' own keys.
+
+The report (`build_report`) has four sections, each a panel grid whose run set is the group's run of one stage
+(`Group = <group> and JobType = <stage>`):
+
+* scores per benchmark — the evaluate run's tables (`eval/summary`, one `eval/<benchmark>` per benchmark,
+  `eval/paired`: `trinity.tracking.log_eval_results`) and the report stage's `plots/scores`;
+* fitness per generation — the evolve run's history (`saved_fitness`, `mean_fitness`, `best_candidate_fitness`,
+  accuracies: `trinity.stages._generation_logger`) and `plots/fitness`;
+* usage by model and role — evolve's `model_usage/<member>` and `role_usage/<role>` per generation and
+  `plots/usage` (the coordinator's turns at evaluation, model x role);
+* score vs compute — `plots/score_vs_compute` (average score against tokens per task, per method) and
+  evolve's running totals of new calls and cost.
+
+Every key a panel references is taken from the keys the group's runs logged (`LoggedRun`, read from the runs'
+transaction logs `run-<id>.wandb` under WANDB_DIR: online and offline runs both write one), never from a list
+kept here: a panel whose keys no run logged is left out, and the section says what is missing (e.g. a stage
+DVC did not re-run in this pipeline run: its run is in the group of the run that ran it).
+
+Saving (`publish`) needs W&B online (WANDB_MODE, else params `tracking.wandb_mode`), an API key (WANDB_API_KEY or
+~/.netrc) and the server reachable; then `Report.save()` resolves each run set's project and uploads it. Else
+the report is built but not saved, and says so. Either way its model (the JSON spec W&B stores) is written to
+`<WANDB_DIR>/reports/<group>.json`. Offline the run sets carry no entity/project (binding them needs the
+server's project id); they get them when saved.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from trinity.tracking import EVAL_PAIRED_TABLE, EVAL_SUMMARY_TABLE, EVAL_TABLE_PREFIX, PLOTS_PREFIX
+
+# What the stages log (trinity.stages._generation_logger, .report); panels use those of them a run holds.
+FITNESS_KEYS = ("saved_fitness", "mean_fitness", "best_candidate_fitness")
+ACCURACY_KEYS = ("saved_accuracy", "mean_accuracy")
+MODEL_USAGE_PREFIX = "model_usage/"
+ROLE_USAGE_PREFIX = "role_usage/"
+COMPUTE_KEYS = ("calls_total", "cost_usd_total")
+STAGE_EVALUATE, STAGE_EVOLVE, STAGE_REPORT = "evaluate", "evolve", "report"
+
+DEFAULT_BASE_URL = "https://api.wandb.ai"
+OFFLINE_MODES = frozenset({"offline", "disabled", "dryrun"})
+
+
+class ReportInputError(ValueError):
+    """Nothing to build a report from (no run dir, no run of the group): a clear message, exit code 2."""
+
+
+# ------------------------------------------------------------------------------------------ the runs' keys
+def read_records(run_file: Path) -> list:
+    """The protobuf records (`wandb_internal_pb2.Record`) of a run's transaction log `run-<id>.wandb`: a
+    LevelDB-style log of 32 KiB blocks of (crc, length, type) chunks after a 7-byte header. wandb 0.31 has no
+    public reader for it (and writes no `wandb-summary.json` for an offline run)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(run_file).read_bytes()
+    if data[:4] != b":W&B":
+        raise ReportInputError(f"{run_file} is not a W&B transaction log")
+    out, pos, buf, block = [], 7, b"", 32768
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:
+            pos += room
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pos += 7
+        if kind == 0:  # block padding
+            pos += room - 7
+            continue
+        chunk, pos = data[pos:pos + length], pos + length
+        buf = chunk if kind in (1, 2) else buf + chunk
+        if kind in (1, 4):  # full / last chunk: a record is complete
+            record = pb.Record()
+            record.ParseFromString(buf)
+            out.append(record)
+    return out
+
+
+@dataclass
+class LoggedRun:
+    """What a report needs to know of one W&B run: who it is and which keys it logged."""
+    id: str
+    name: str
+    group: str
+    job_type: str
+    project: str
+    entity: str
+    started: float
+    history_keys: list[str] = field(default_factory=list)
+    """Keys passed to `run.log` (scalars, tables, images), in the order first logged."""
+    summary_keys: list[str] = field(default_factory=list)
+    path: str = ""
+
+    @property
+    def keys(self) -> list[str]:
+        return self.history_keys + [k for k in self.summary_keys if k not in self.history_keys]
+
+
+def _run_keys(paths: dict[tuple[str, ...], None]) -> list[str]:
+    """Metric names from the flattened item paths of history / summary records, in first-logged order: W&B
+    writes `run.log({"k": v})` as ("k",), a table or image logged as "k" as ("k", "_type"), ("k", "path"), ...
+    (the media object's fields: the key is "k"), and a plain dict {"k": {"a": 1}} as ("k", "a"): "k.a"."""
+    media = {p[0] for p in paths if len(p) == 2 and p[1] == "_type"}
+    out: dict[str, None] = {}
+    for p in paths:
+        out.setdefault(p[0] if p[0] in media else ".".join(p), None)
+    return list(out)
+
+
+def _item_path(item) -> tuple[str, ...]:
+    return (item.key,) if item.key else tuple(item.nested_key)
+
+
+def read_run(run_dir: Path) -> LoggedRun | None:
+    """The run whose files are in `run_dir` (`offline-run-*` or `run-*`), or None if it has no run record."""
+    files = sorted(Path(run_dir).glob("run-*.wandb"))
+    if not files:
+        return None
+    run, history, summary = None, {}, {}
+    for r in read_records(files[0]):
+        kind = r.WhichOneof("record_type")
+        if kind == "run" and run is None:
+            run = r.run
+        elif kind == "history":
+            for item in r.history.item:
+                history.setdefault(_item_path(item), None)
+        elif kind == "summary":
+            for item in r.summary.update:
+                summary.setdefault(_item_path(item), None)
+    if run is None:
+        return None
+    started = run.start_time.seconds if run.HasField("start_time") else files[0].stat().st_mtime
+    hidden = lambda k: k.startswith("_")  # noqa: E731  (_step, _runtime, _timestamp, _wandb)
+    return LoggedRun(id=run.run_id, name=run.display_name, group=run.run_group, job_type=run.job_type,
+                     project=run.project, entity=run.entity, started=float(started),
+                     history_keys=[k for k in _run_keys(history) if not hidden(k)],
+                     summary_keys=[k for k in _run_keys(summary) if not hidden(k)], path=str(run_dir))
+
+
+def local_runs(wandb_dir: Path) -> list[LoggedRun]:
+    """Every run under WANDB_DIR (its `wandb/` folder), oldest first."""
+    base = Path(wandb_dir) / "wandb"
+    if not base.is_dir():
+        raise ReportInputError(f"no W&B runs: {base} does not exist (the pipeline writes its runs there; set "
+                               f"WANDB_DIR or --root to where they are)")
+    runs = [r for d in sorted(base.glob("*run-*")) if d.is_dir() and (r := read_run(d)) is not None]
+    return sorted(runs, key=lambda r: (r.started, r.path))
+
+
+def select_group(runs: list[LoggedRun], group: str | None, where: Path) -> tuple[str, list[LoggedRun]]:
+    """The runs of `group` (default: the group of the newest run), oldest first."""
+    if not runs:
+        raise ReportInputError(f"no W&B runs under {where}")
+    if group is None:
+        group = runs[-1].group
+    chosen = [r for r in runs if r.group == group]
+    if not chosen:
+        groups = sorted({r.group for r in runs}, key=lambda g: max(r.started for r in runs if r.group == g))
+        raise ReportInputError(f"no W&B run of group {group!r} under {where}; groups there (newest last): "
+                               f"{', '.join(groups[-10:])}")
+    return group, chosen
+
+
+# ------------------------------------------------------------------------------------------ the report
+def _stage_runs(runs: list[LoggedRun], stage: str) -> list[LoggedRun]:
+    return [r for r in runs if r.job_type == stage]
+
+
+def _logged(runs: list[LoggedRun], wanted) -> list[str]:
+    """The keys of `wanted` (an iterable of keys, or a prefix string) that some run logged, in logged order."""
+    have: dict[str, None] = {}
+    for r in runs:
+        for k in r.keys:
+            have.setdefault(k, None)
+    if isinstance(wanted, str):
+        return [k for k in have if k.startswith(wanted)]
+    return [k for k in wanted if k in have]
+
+
+def build_report(runs: list[LoggedRun], group: str, *, project: str, entity: str = "", bind: bool = False):
+    """The `wandb_workspaces.reports.v2.Report` of one pipeline run. `runs`: the group's runs (`select_group`).
+    `bind`: give each run set the entity and project (saving does; building its model then asks the server for
+    the project's id)."""
+    import wandb_workspaces.reports.v2 as wr
+
+    def runset(stage: str):
+        where = {"entity": entity, "project": project} if bind else {}
+        return wr.Runset(name=f"{stage} ({group})"[:128], filters=f"Group = '{group}' and JobType = '{stage}'",
+                         **where)
+
+    def grid(stage: str, panels: list) -> list:
+        panels = [p for p in panels if p is not None]
+        return [wr.PanelGrid(runsets=[runset(stage)], panels=panels)] if panels else []
+
+    def missing(stage: str, what: str) -> list:
+        return [wr.P(f"Not in this pipeline run: {what} (no `{stage}` run of group {group} logged it; DVC re-runs "
+                     "only the stages whose inputs changed, and a skipped stage's run is in the group of the run "
+                     "that ran it).")]
+
+    def line(title: str, keys: list[str], **kw):
+        return wr.LinePlot(title=title, x="Step", y=keys, layout=wr.Layout(w=12, h=8), **kw) if keys else None
+
+    def images(stage_runs: list[LoggedRun], stems: list[str]):
+        keys = _logged(stage_runs, [f"{PLOTS_PREFIX}{s}" for s in stems])
+        return wr.MediaBrowser(title=", ".join(keys), media_keys=keys, num_columns=1,
+                               layout=wr.Layout(w=24, h=12)) if keys else None
+
+    evaluate, evolve, report = (_stage_runs(runs, s) for s in (STAGE_EVALUATE, STAGE_EVOLVE, STAGE_REPORT))
+    stages = ", ".join(f"{r.job_type} ({r.name})" for r in runs)
+    blocks: list = [
+        wr.P(f"Pipeline run {group}: {len(runs)} W&B runs — {stages}. Lineage of the artifacts: prepared-data "
+             "(dataset) → coordinator (model) → eval-results; each run lists its inputs in its config and summary "
+             "(`inputs`)."),
+        wr.TableOfContents(),
+    ]
+
+    # --- scores per benchmark: the evaluate run's tables
+    blocks.append(wr.H2("Scores per benchmark"))
+    tables = _logged(evaluate, EVAL_TABLE_PREFIX)
+    ordered = ([t for t in tables if t == EVAL_SUMMARY_TABLE]
+               + [t for t in tables if t not in (EVAL_SUMMARY_TABLE, EVAL_PAIRED_TABLE)]
+               + [t for t in tables if t == EVAL_PAIRED_TABLE])
+    if ordered:
+        blocks.append(wr.P(f"{EVAL_SUMMARY_TABLE}: every method's score per benchmark and both averages; "
+                           f"{EVAL_TABLE_PREFIX}<benchmark>: score, 95% interval, n, tokens, time and cost per task; "
+                           f"{EVAL_PAIRED_TABLE}: the paired comparisons with their intervals and outcome."))
+        blocks += grid(STAGE_EVALUATE, [wr.WeavePanelSummaryTable(table_name=t, layout=wr.Layout(w=24, h=10))
+                                        for t in ordered])
+    else:
+        blocks += missing(STAGE_EVALUATE, "the per-benchmark tables")
+    blocks += grid(STAGE_REPORT, [images(report, ["scores"])])
+
+    # --- fitness per generation: evolve's history
+    blocks.append(wr.H2("Fitness per generation"))
+    fitness = _logged(evolve, FITNESS_KEYS)
+    if fitness:
+        blocks.append(wr.P("saved_fitness: the vector the run saves (CMA's mean) on fixed scoring episodes; "
+                           "mean_fitness / best_candidate_fitness: the generation's candidates on their minibatch."))
+        blocks += grid(STAGE_EVOLVE, [line("Fitness", fitness), line("Accuracy", _logged(evolve, ACCURACY_KEYS))])
+    else:
+        blocks += missing(STAGE_EVOLVE, "the fitness curves")
+    blocks += grid(STAGE_REPORT, [images(report, ["fitness"])])
+
+    # --- usage by model and role
+    blocks.append(wr.H2("Usage by model and role"))
+    models, roles = _logged(evolve, MODEL_USAGE_PREFIX), _logged(evolve, ROLE_USAGE_PREFIX)
+    if models or roles:
+        blocks.append(wr.P("Training: the coordinator's picks per generation, by pool member and by role. "
+                           "Evaluation: its turns per benchmark, model x role (the plot)."))
+        blocks += grid(STAGE_EVOLVE, [line("Turns per model (training)", models),
+                                      line("Turns per role (training)", roles)])
+    else:
+        blocks += missing(STAGE_EVOLVE, "the usage per model and role during training")
+    blocks += grid(STAGE_REPORT, [images(report, ["usage"])])
+
+    # --- score vs compute
+    blocks.append(wr.H2("Score vs compute"))
+    blocks += grid(STAGE_REPORT, [images(report, ["score_vs_compute"])])
+    blocks += grid(STAGE_EVOLVE, [line("New LLM calls and cost (training, running totals)",
+                                       _logged(evolve, COMPUTE_KEYS))])
+    if not _logged(report, [f"{PLOTS_PREFIX}score_vs_compute"]):
+        blocks += missing(STAGE_REPORT, "the score vs compute plot")
+
+    title = f"Trinity pipeline run {group}"[:128]
+    return wr.Report(project=project, entity=entity, title=title,
+                     description=f"Trinity: scores, fitness, usage and compute of W&B group {group}",
+                     blocks=blocks)
+
+
+def report_model(report) -> dict:
+    """The report's model as W&B stores it (what `Report.save()` uploads: display name, project, spec)."""
+    return report._to_model().model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# ------------------------------------------------------------------------------------------ saving
+def _api_key_present(base_url: str) -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+
+    try:
+        return netrc.netrc().authenticators(urlparse(base_url).hostname or "") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def _reachable(base_url: str, timeout_s: float = 5.0) -> str | None:
+    """None if a TCP connection to the W&B server opens, else why not."""
+    u = urlparse(base_url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        socket.create_connection((u.hostname, port), timeout=timeout_s).close()
+        return None
+    except OSError as e:
+        return f"{u.hostname}:{port} unreachable ({e.__class__.__name__}: {e})"
+
+
+def why_not_saved(mode: str) -> str | None:
+    """None when a report can be saved (W&B online, an API key, the server reachable), else the reason."""
+    if mode in OFFLINE_MODES:
+        return f"W&B mode is {mode!r} (set WANDB_MODE=online to save)"
+    base_url = os.environ.get("WANDB_BASE_URL") or DEFAULT_BASE_URL
+    if not _api_key_present(base_url):
+        return f"no W&B API key (WANDB_API_KEY or ~/.netrc for {base_url})"
+    return _reachable(base_url)
+
+
+@dataclass
+class Published:
+    group: str
+    runs: list[LoggedRun]
+    model_path: Path
+    saved: bool
+    url: str | None
+    reason: str | None
+    """Why it was not saved (None when saved)."""
+
+
+def publish(wandb_dir: Path, *, group: str | None = None, project: str | None = None, entity: str | None = None,
+            mode: str = "offline") -> Published:
+    """Build the report of `group` (default: the newest run's group) from the runs under `wandb_dir`; save it
+    when W&B can be reached (`why_not_saved`); write its model to `<wandb_dir>/reports/<group>.json`."""
+    wandb_dir = Path(wandb_dir)
+    group, runs = select_group(local_runs(wandb_dir), group, wandb_dir / "wandb")
+    project = project or next((r.project for r in reversed(runs) if r.project), None) or "trinity"
+    entity = entity or os.environ.get("WANDB_ENTITY") or next((r.entity for r in reversed(runs) if r.entity), "")
+    reason = why_not_saved(mode)
+    url = None
+    if reason is None:
+        try:
+            if not entity:
+                import wandb
+
+                entity = wandb.Api().default_entity or ""
+            report = build_report(runs, group, project=project, entity=entity, bind=True)
+            model = report_model(report)
+            report.save()
+            url = report.url
+        except Exception as e:  # the model is still written below; say why it was not saved
+            reason = f"saving failed: {e.__class__.__name__}: {e}"
+    if reason is not None:
+        report = build_report(runs, group, project=project, entity=entity, bind=False)
+        model = report_model(report)
+    out = wandb_dir / "reports" / f"{group}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "group": group, "project": project, "entity": entity, "saved": reason is None, "url": url,
+        "not_saved_because": reason,
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "runs": [{"id": r.id, "name": r.name, "job_type": r.job_type, "path": r.path} for r in runs],
+        "report": model}, indent=2) + "\n")
+    return Published(group=group, runs=runs, model_path=out, saved=reason is None, url=url, reason=reason)
+
+
+__all__ = ["LoggedRun", "Published", "ReportInputError", "build_report", "local_runs", "publish", "read_records",
+           "read_run", "report_model", "select_group", "why_not_saved"]
