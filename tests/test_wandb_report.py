@@ -16,7 +16,7 @@ from trinity import cli, stages
 from trinity.evolve.sep_cma import GenerationRecord
 from trinity.report import PLOTS
 from trinity.tracking import GROUP_ENV, StageRun, log_eval_results
-from trinity.wandb_report import FITNESS_KEYS, ReportInputError, publish
+from trinity.wandb_report import FITNESS_KEYS, ReportInputError, publish, publish_if_online
 
 GROUP = "dvc-20261204T120000-4242"
 POOL = ("smol", "api")
@@ -243,6 +243,14 @@ def test_not_saved_without_a_key(pipeline_runs, monkeypatch, tmp_path):
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     out = publish(pipeline_runs, group=GROUP, mode="online")
     assert not out.saved and out.reason.startswith("no W&B API key") and out.model_path.is_file()
+    # the report stage's hook: nothing offline; online it builds, and says it did not save
+    out.model_path.unlink()
+    assert publish_if_online(pipeline_runs, group=GROUP, project="trinity", mode="offline") is None
+    assert not out.model_path.exists()
+    hooked = publish_if_online(pipeline_runs, group=GROUP, project="trinity", mode="online")
+    assert hooked is not None and not hooked.saved and hooked.model_path.is_file()
+    # ... and a group without runs does not fail the stage
+    assert publish_if_online(pipeline_runs, group="nope", project="trinity", mode="online") is None
 
 
 def test_cli_report_wandb(pipeline_runs, capsys, monkeypatch, tmp_path):

@@ -359,5 +359,21 @@ def publish(wandb_dir: Path, *, group: str | None = None, project: str | None = 
     return Published(group=group, runs=runs, model_path=out, saved=reason is None, url=url, reason=reason)
 
 
+def publish_if_online(wandb_dir: Path, *, group: str, project: str | None, mode: str) -> Published | None:
+    """The report stage's hook (flows/report.py): when W&B is online, build and save the report of this
+    pipeline run (`group`) and say where it went; else do nothing (`trinity report --wandb` builds it on
+    demand). Never fails the stage: a report is worth a message, not a failed pipeline."""
+    if mode in OFFLINE_MODES:
+        return None
+    try:
+        out = publish(wandb_dir, group=group, project=project, mode=mode)
+    except Exception as e:  # noqa: BLE001
+        print(f"[report] W&B report of group {group} not built: {e.__class__.__name__}: {e}", flush=True)
+        return None
+    print(f"[report] W&B report of group {group}: " + (f"saved: {out.url}" if out.saved else
+          f"built but NOT saved ({out.reason}); its model is in {out.model_path}"), flush=True)
+    return out
+
+
 __all__ = ["LoggedRun", "Published", "ReportInputError", "build_report", "local_runs", "publish", "read_records",
-           "read_run", "report_model", "select_group", "why_not_saved"]
+           "publish_if_online", "read_run", "report_model", "select_group", "why_not_saved"]
