@@ -97,6 +97,17 @@ def test_repro_produces_checkpoint_report_and_wandb_run(repo):
     assert "## " in (repo / "reports/traces.md").read_text()
     runs = list((Path(env["WANDB_DIR"]) / "wandb").glob("offline-run-*"))
     assert len(runs) >= 5 and all(list(r.glob("*.wandb")) for r in runs)
+    # one W&B group for the repro (its dvc process), and the W&B Report of it, built offline from its runs
+    from trinity.wandb_report import local_runs, publish
+    groups = {r.group for r in local_runs(Path(env["WANDB_DIR"]))}
+    assert len(groups) == 1 and next(iter(groups)).startswith("dvc-"), groups
+    built = publish(Path(env["WANDB_DIR"]), mode="offline")
+    assert not built.saved and built.group in groups and built.model_path.is_file()
+    assert sorted(r.job_type for r in built.runs) == sorted(("prepare", "encode", "evolve", "evaluate", "report"))
+    panels = [p for b in json.loads(built.model_path.read_text())["report"]["spec"]["blocks"]
+              if b["type"] == "panel-grid" for p in b["metadata"]["panelBankSectionConfig"]["panels"]]
+    media = {k for p in panels for k in p["config"].get("mediaKeys", [])}
+    assert {"plots/scores", "plots/fitness", "plots/usage", "plots/score_vs_compute"} <= media
     assert (repo / "data/exports/responses.parquet").exists()
     # DVC reads the same results: the top-level metrics and plots
     r = subprocess.run(["dvc", "metrics", "show", "--json"], cwd=repo, env=env, capture_output=True, text=True,

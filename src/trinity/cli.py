@@ -241,7 +241,7 @@ def report(
             print(f"{name}: {path}")
         return
 
-    from trinity.wandb_report import ReportInputError, publish
+    from trinity.wandb_report import ReportInputError, outline, publish
 
     mode = os.environ.get("WANDB_MODE")
     if not mode:
@@ -259,6 +259,7 @@ def report(
         _fail(str(e))
     stages_run = ", ".join(f"{r.job_type} ({r.name})" for r in out.runs)
     print(f"W&B report of group {out.group}: {len(out.runs)} runs: {stages_run}")
+    print("\n".join(outline(json.loads(out.model_path.read_text())["report"])))
     print(f"model: {out.model_path}")
     if out.saved:
         print(f"saved: {out.url}")

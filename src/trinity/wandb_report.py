@@ -45,7 +45,6 @@ ROLE_USAGE_PREFIX = "role_usage/"
 COMPUTE_KEYS = ("calls_total", "cost_usd_total")
 STAGE_EVALUATE, STAGE_EVOLVE, STAGE_REPORT = "evaluate", "evolve", "report"
 
-DEFAULT_BASE_URL = "https://api.wandb.ai"
 OFFLINE_MODES = frozenset({"offline", "disabled", "dryrun"})
 
 
@@ -225,7 +224,7 @@ def build_report(runs: list[LoggedRun], group: str, *, project: str, entity: str
     blocks.append(wr.H2("Scores per benchmark"))
     tables = _logged(evaluate, EVAL_TABLE_PREFIX)
     ordered = ([t for t in tables if t == EVAL_SUMMARY_TABLE]
-               + [t for t in tables if t not in (EVAL_SUMMARY_TABLE, EVAL_PAIRED_TABLE)]
+               + sorted(t for t in tables if t not in (EVAL_SUMMARY_TABLE, EVAL_PAIRED_TABLE))
                + [t for t in tables if t == EVAL_PAIRED_TABLE])
     if ordered:
         blocks.append(wr.P(f"{EVAL_SUMMARY_TABLE}: every method's score per benchmark and both averages; "
@@ -279,6 +278,24 @@ def report_model(report) -> dict:
     return report._to_model().model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+def outline(model: dict) -> list[str]:
+    """The report's model in a few lines: each section, and each panel with its stage and the keys it shows."""
+    lines = []
+    for block in model["spec"]["blocks"]:
+        if block["type"] == "heading":
+            lines.append(f"## {block['children'][0]['text']}")
+        elif block["type"] == "panel-grid":
+            filters = block["metadata"]["runSets"][0]["filters"]["filters"]
+            stage = next((f["value"] for f in filters if f["key"]["name"] == "jobType"), "?")
+            for panel in block["metadata"]["panelBankSectionConfig"]["panels"]:
+                c = panel.get("config", {})
+                keys = c.get("metrics") or c.get("mediaKeys") or [
+                    c.get("panel2Config", {}).get("exp", {}).get("fromOp", {}).get("inputs", {}).get("key", {})
+                    .get("val", "?")]
+                lines.append(f"   [{stage}] {panel['viewType']}: {', '.join(keys)}")
+    return lines
+
+
 # ------------------------------------------------------------------------------------------ saving
 def _api_key_present(base_url: str) -> bool:
     if os.environ.get("WANDB_API_KEY"):
@@ -302,11 +319,18 @@ def _reachable(base_url: str, timeout_s: float = 5.0) -> str | None:
         return f"{u.hostname}:{port} unreachable ({e.__class__.__name__}: {e})"
 
 
+def base_url_of_wandb() -> str:
+    """The W&B server the SDK would use: WANDB_BASE_URL, else the SDK's default (wandb.Settings)."""
+    import wandb
+
+    return os.environ.get("WANDB_BASE_URL") or str(wandb.Settings().base_url)
+
+
 def why_not_saved(mode: str) -> str | None:
     """None when a report can be saved (W&B online, an API key, the server reachable), else the reason."""
     if mode in OFFLINE_MODES:
         return f"W&B mode is {mode!r} (set WANDB_MODE=online to save)"
-    base_url = os.environ.get("WANDB_BASE_URL") or DEFAULT_BASE_URL
+    base_url = base_url_of_wandb()
     if not _api_key_present(base_url):
         return f"no W&B API key (WANDB_API_KEY or ~/.netrc for {base_url})"
     return _reachable(base_url)
@@ -375,5 +399,5 @@ def publish_if_online(wandb_dir: Path, *, group: str, project: str | None, mode:
     return out
 
 
-__all__ = ["LoggedRun", "Published", "ReportInputError", "build_report", "local_runs", "publish", "read_records",
+__all__ = ["LoggedRun", "Published", "ReportInputError", "build_report", "local_runs", "outline", "publish", "read_records",
            "publish_if_online", "read_run", "report_model", "select_group", "why_not_saved"]
