@@ -1,5 +1,5 @@
 """`trinity` command line: ask the trained coordinator, read a stored trace, serve it as an OpenAI-compatible model,
-run a pipeline stage, check the graders."""
+run a pipeline stage, write the report (or a pipeline run's W&B Report), check the graders."""
 from __future__ import annotations
 
 import json
