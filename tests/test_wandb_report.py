@@ -265,6 +265,10 @@ def test_cli_report_wandb(pipeline_runs, capsys, monkeypatch, tmp_path):
     err = capsys.readouterr().err
     assert "no W&B run of group 'no-such-run'" in err and GROUP in err
 
+    # without --wandb: the markdown report from the pipeline's files, which this project does not have
+    assert cli.main(["report", "--root", str(root)]) == cli.EXIT_USAGE
+    assert "results.json not found" in capsys.readouterr().err
+
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))
     assert cli.main(["report", "--wandb", "--root", str(root)]) == cli.EXIT_USAGE
     assert "no W&B runs" in capsys.readouterr().err
