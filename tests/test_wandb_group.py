@@ -63,6 +63,8 @@ def test_outside_dvc_and_prefect_a_process_is_its_own_run(monkeypatch):
     assert group == pipeline_run_id() and group.startswith("proc-") and group.endswith(f"-{os.getpid()}")
     monkeypatch.setenv(GROUP_ENV, "  my-sweep ")
     assert wandb_group() == "my-sweep"
+    monkeypatch.setenv(GROUP_ENV, "it's = a/run")  # a name a report's run-set filter can hold
+    assert wandb_group() == "it-s-a-run"
 
 
 def test_the_stage_flows_of_one_pipeline_flow_run_share_its_group(monkeypatch):

@@ -277,3 +277,6 @@ def test_cli_report_wandb(pipeline_runs, capsys, monkeypatch, tmp_path):
 def test_no_runs_is_bad_input(tmp_path):
     with pytest.raises(ReportInputError, match="does not exist"):
         publish(tmp_path / "nothing")
+    (tmp_path / "wandb").mkdir()
+    with pytest.raises(ReportInputError, match="no W&B runs under"):
+        publish(tmp_path)

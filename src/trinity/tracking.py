@@ -59,7 +59,8 @@ _NAME_MAXLEN = 128
 def wandb_group() -> str:
     """The W&B group of this process's stage runs: one per pipeline run, shared by all its stages.
 
-    1. env TRINITY_WANDB_GROUP, when set: the user's name for the run (several repros may share it on purpose).
+    1. env TRINITY_WANDB_GROUP, when set: the user's name for the run (several repros may share it on purpose),
+       made a valid group name (`group_name`).
     2. `dvc-<start>-<pid>` of the nearest `dvc` ancestor process. DVC starts every stage of a `dvc repro` (or
        `dvc exp run`) as a child process of that one `dvc` process, and tells a stage command nothing that is
        per-run (its env has only DVC_ROOT and DVC_STAGE), so the dvc process itself is the run: every stage
@@ -71,8 +72,15 @@ def wandb_group() -> str:
        stage flows as subflows of one root flow run, in one process.
     4. `proc-<start>-<pid>` of this process: a stage run by hand, or a test, is its own run.
     """
-    group = redact_text(os.environ.get(GROUP_ENV, "").strip())[:_NAME_MAXLEN]
+    group = group_name(os.environ.get(GROUP_ENV, ""))
     return group or pipeline_run_id()
+
+
+def group_name(name: str) -> str:
+    """`name` as a group name a W&B Report's run-set filter can hold (trinity.wandb_report): letters, digits
+    and `._:+@-`, at most 128 characters; other runs of characters become one '-'."""
+    clean = re.sub(r"[^A-Za-z0-9._:+@-]+", "-", redact_text(name.strip())).strip("-")
+    return clean[:_NAME_MAXLEN]
 
 
 def _stamp(epoch_s: float) -> str:
@@ -397,4 +405,4 @@ def log_eval_results(tracker: StageRun, results: dict, plots_dir: Path | None) -
 
 
 __all__ = ["EVAL_PAIRED_TABLE", "EVAL_SUMMARY_TABLE", "EVAL_TABLE_PREFIX", "GROUP_ENV", "PLOTS_PREFIX", "StageRun",
-           "artifact_name", "log_eval_results", "pipeline_run_id", "wandb_group"]
+           "artifact_name", "group_name", "log_eval_results", "pipeline_run_id", "wandb_group"]

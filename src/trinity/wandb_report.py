@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from trinity.tracking import EVAL_PAIRED_TABLE, EVAL_SUMMARY_TABLE, EVAL_TABLE_PREFIX, PLOTS_PREFIX
+from trinity.tracking import EVAL_PAIRED_TABLE, EVAL_SUMMARY_TABLE, EVAL_TABLE_PREFIX, PLOTS_PREFIX, group_name
 
 # What the stages log (trinity.stages._generation_logger, .report); panels use those of them a run holds.
 FITNESS_KEYS = ("saved_fitness", "mean_fitness", "best_candidate_fitness")
@@ -159,6 +159,9 @@ def select_group(runs: list[LoggedRun], group: str | None, where: Path) -> tuple
         raise ReportInputError(f"no W&B runs under {where}")
     if group is None:
         group = runs[-1].group
+    if group != group_name(group):  # a run-set filter cannot hold it (e.g. " = " is rewritten as " == ")
+        raise ReportInputError(f"W&B group {group!r}: a report can only filter on names of letters, digits and "
+                               f"._:+@- (trinity.tracking.group_name); this one has other characters")
     chosen = [r for r in runs if r.group == group]
     if not chosen:
         groups = sorted({r.group for r in runs}, key=lambda g: max(r.started for r in runs if r.group == g))
@@ -191,7 +194,7 @@ def build_report(runs: list[LoggedRun], group: str, *, project: str, entity: str
 
     def runset(stage: str):
         where = {"entity": entity, "project": project} if bind else {}
-        return wr.Runset(name=f"{stage} ({group})"[:128], filters=f"Group = '{group}' and JobType = '{stage}'",
+        return wr.Runset(name=f"{stage} ({group})"[:128], filters=f"Group = {group!r} and JobType = {stage!r}",
                          **where)
 
     def grid(stage: str, panels: list) -> list:
