@@ -131,6 +131,10 @@ def main(flow_fn) -> None:
     """`python flows/<stage>.py [--params FILE]`: what `dvc repro` runs."""
     import argparse
 
+    from trinity.process_guard import guard_this_process
+
     ap = argparse.ArgumentParser(description=flow_fn.__doc__)
     ap.add_argument("--params", default="params.yaml")
-    flow_fn(ap.parse_args().params)
+    args = ap.parse_args()
+    guard_this_process()  # the ephemeral Prefect server, Dask workers etc. end with this process, even on SIGKILL
+    flow_fn(args.params)
