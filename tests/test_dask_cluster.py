@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from trinity.config import Settings
+from trinity.config import ConfigError, Settings, load_settings
 from trinity.coordinator.episode import StateCache
 from trinity.evolve.engine import DaskClusterError, TaskRunnerExpansion, run_expanding
 from trinity.evolve.sep_cma import evolve
@@ -72,6 +72,7 @@ def cluster(tmp_path):
         assert left == [], f"processes left behind: {[(p, _cmdline(p)) for p in left]}"
 
 
+@pytest.mark.slow  # two real generations (threads, then the cluster): 286 s measured at load average 13-15 on 2 cores
 def test_existing_cluster_generation_equals_thread_generation(cluster, tmp_path):
     from distributed import Client
 
@@ -140,3 +141,21 @@ def test_unreachable_scheduler_fails_before_any_call(tmp_path):
     assert time.monotonic() - t0 < 30
     assert f"evolve.dask_address: no Dask scheduler answers at {address}" in str(e.value)
     assert called == []
+
+
+def test_malformed_address_is_a_config_error_naming_the_key(tmp_path):
+    import yaml
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({**SETTINGS, "evolve": {**SETTINGS["evolve"], "task_runner": "dask",
+                                                              "dask_address": "127.0.0.1:8786"}}))
+    with pytest.raises(ConfigError) as e:
+        load_settings(params)
+    assert str(params) in str(e.value) and "evolve.dask_address must be a scheduler address like" in str(e.value)
+    assert "'127.0.0.1:8786'" in str(e.value)
+    s = Settings.model_validate({**SETTINGS, "evolve": {**SETTINGS["evolve"], "task_runner": "dask",
+                                                         "dask_address": "tcp://127.0.0.1:8786"}})
+    # runtime only: the address is no part of any dump (resume fingerprint, params hash, run id)
+    assert "dask_address" not in s.model_dump()["evolve"]
+    assert s.params_hash() == Settings.model_validate({**SETTINGS, "evolve": {**SETTINGS["evolve"],
+                                                                              "task_runner": "dask"}}).params_hash()

@@ -68,3 +68,19 @@ def test_sigkilled_flow_leaves_no_process(tmp_path):
         left = _gone_within(tree, 15)
         assert left == [], f"left behind after SIGKILL of the flow: {[(p, _cmdline(p)) for p in left]}"
     assert "stopped the 1 process(es) it left" in log.read_text(), log.read_text()[-2000:]
+
+
+def test_unreachable_prefect_api_fails_before_the_flow(tmp_path):
+    import socket
+    import subprocess
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/api"
+    script = tmp_path / "sleeper_flow.py"
+    script.write_text(SLEEPER_FLOW.format(flows=str(FLOWS)))
+    r = subprocess.run([sys.executable, str(script)], env={**os.environ, "PREFECT_API_URL": url}, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert f"error: the Prefect API at {url} (PREFECT_API_URL) is unreachable" in r.stderr
+    assert "FLOW-RUNNING" not in r.stdout
