@@ -72,7 +72,7 @@ def cluster(tmp_path):
         assert left == [], f"processes left behind: {[(p, _cmdline(p)) for p in left]}"
 
 
-@pytest.mark.slow  # two real generations (threads, then the cluster): 286 s measured at load average 13-15 on 2 cores
+@pytest.mark.slow  # two real generations (threads, then the cluster): 197-286 s measured on 2 shared cores (load 8-15)
 def test_existing_cluster_generation_equals_thread_generation(cluster, tmp_path):
     from distributed import Client
 

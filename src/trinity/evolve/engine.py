@@ -77,25 +77,44 @@ class DaskClusterError(ValueError):
     flows/_bootstrap.py's BAD_INPUT)."""
 
 
+async def _scheduler_identity(address: str, timeout: float) -> dict:
+    """The scheduler's `identity` reply (type, workers, ...), every step under `timeout`: a Dask Client would wait
+    forever on a port that accepts connections but speaks no Dask (e.g. the scheduler's HTTP port, 8787)."""
+    from distributed.comm import connect
+
+    comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout)
+    try:
+        await asyncio.wait_for(comm.write({"op": "identity"}), timeout)
+        return await asyncio.wait_for(comm.read(), timeout)
+    finally:
+        comm.abort()
+
+
 def check_scheduler(address: str, timeout: float = SCHEDULER_TIMEOUT_S) -> int:
     """The number of workers of the scheduler at `address`; raises DaskClusterError, naming the address and the
-    key, when no scheduler answers within `timeout` seconds or no worker joins it within another `timeout`."""
-    from distributed import Client
+    key, when no Dask scheduler answers there within `timeout` seconds or no worker joins it within another
+    `timeout`."""
+    import time
 
     key = "evolve.dask_address"
-    try:
-        client = Client(address, timeout=timeout, set_as_default=False)
-    except (OSError, TimeoutError) as e:
-        raise DaskClusterError(f"{key}: no Dask scheduler answers at {address} (waited {timeout:g} s: "
-                               f"{type(e).__name__}: {e}). Start one (`dask scheduler`, README \"Dask: evolve on an "
-                               f"existing cluster\") or clear {key} for a LocalCluster") from None
-    with client:
+    deadline = None
+    while True:
         try:
-            client.wait_for_workers(1, timeout=timeout)
-        except (OSError, TimeoutError):
+            info = asyncio.run(_scheduler_identity(address, timeout))
+        except (OSError, asyncio.TimeoutError, TimeoutError) as e:
+            raise DaskClusterError(
+                f"{key}: no Dask scheduler answers at {address} (waited {timeout:g} s: {type(e).__name__}: {e}). "
+                f"Start one (`dask scheduler`, README \"Dask: evolve on an existing cluster\") or clear {key} "
+                "for a LocalCluster") from None
+        if not isinstance(info, dict) or info.get("type") != "Scheduler":
+            raise DaskClusterError(f"{key}: {address} answers, but not as a Dask scheduler ({str(info)[:200]})")
+        if info.get("workers"):
+            return len(info["workers"])
+        deadline = deadline or time.monotonic() + timeout
+        if time.monotonic() > deadline:
             raise DaskClusterError(f"{key}: the Dask scheduler at {address} has no worker (waited {timeout:g} s). "
-                                   f"Start some: `dask worker {address}`") from None
-        return len(client.scheduler_info(n_workers=-1)["workers"])
+                                   f"Start some: `dask worker {address}`")
+        time.sleep(0.5)
 
 
 def make_task_runner(ev: EvolveSettings, max_threads: int):
