@@ -159,3 +159,38 @@ def test_malformed_address_is_a_config_error_naming_the_key(tmp_path):
     assert "dask_address" not in s.model_dump()["evolve"]
     assert s.params_hash() == Settings.model_validate({**SETTINGS, "evolve": {**SETTINGS["evolve"],
                                                                               "task_runner": "dask"}}).params_hash()
+
+
+def test_a_port_that_is_no_scheduler_or_has_no_worker_fails_fast(tmp_path):
+    """A port that accepts connections but speaks no Dask (as a scheduler's HTTP port 8787 does: a Dask Client
+    waits there forever), and a real scheduler without a worker: errors naming the address, within the deadline."""
+    from trinity.evolve.engine import check_scheduler
+
+    with socket.socket() as silent:  # accepts (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(DaskClusterError, match=f"no Dask scheduler answers at {address}"):
+            check_scheduler(address, timeout=2)
+        assert time.monotonic() - t0 < 10
+    bin_dir = Path(sys.executable).parent
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    with Supervisor() as sup:
+        sup.start("scheduler", [str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port",
+                                address.rsplit(":", 1)[1], "--no-dashboard"], dict(os.environ), str(tmp_path),
+                  str(tmp_path / "scheduler.log"))
+        deadline = time.monotonic() + 60
+        while True:  # until the scheduler listens
+            try:
+                check_scheduler(address, timeout=2)
+            except DaskClusterError as e:
+                message = str(e)
+                if "has no worker" in message:
+                    break
+                assert time.monotonic() < deadline, message
+            else:
+                pytest.fail("a scheduler without workers passed the check")
+        assert f"evolve.dask_address: the Dask scheduler at {address} has no worker (waited 2 s)" in message
+        sup.descendants()
+    assert alive(sup.seen) == []

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from process_supervisor import Supervisor, alive
 
@@ -58,15 +59,16 @@ def _gone_within(pids, seconds: float) -> list[int]:
     return alive(pids)
 
 
-def test_sigkilled_flow_leaves_no_process(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])  # SIGTERM skipped Prefect's exit handler too
+def test_killed_flow_leaves_no_process(tmp_path, sig):
     with Supervisor() as sup:
         flow_pid, log = _start_flow(sup, tmp_path)
         tree = sup.descendants()
         servers = [p for p in tree if "uvicorn" in _cmdline(p) and "prefect.server" in _cmdline(p)]
         assert servers, [_cmdline(p) for p in tree]  # the ephemeral API server the run started
-        os.kill(flow_pid, signal.SIGKILL)
+        os.kill(flow_pid, sig)
         left = _gone_within(tree, 15)
-        assert left == [], f"left behind after SIGKILL of the flow: {[(p, _cmdline(p)) for p in left]}"
+        assert left == [], f"left behind after {sig.name} of the flow: {[(p, _cmdline(p)) for p in left]}"
     assert "stopped the 1 process(es) it left" in log.read_text(), log.read_text()[-2000:]
 
 
