@@ -127,10 +127,32 @@ def run_stage(name: str, params: str = "params.yaml", summarize=None, timeout_mi
     return out
 
 
+def check_prefect_api() -> None:
+    """A PREFECT_API_URL that does not answer stops the run here, naming it (exit status 2), before anything runs.
+    Unset: Prefect starts an ephemeral API for the run."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if not url:
+        return
+    with get_client(sync_client=True) as client:
+        err = client.api_healthcheck()
+    if err is not None:
+        print(f"error: the Prefect API at {url} (PREFECT_API_URL) is unreachable: {type(err).__name__}: {err}. "
+              "Start that server, or unset PREFECT_API_URL to run on an ephemeral API", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(flow_fn) -> None:
     """`python flows/<stage>.py [--params FILE]`: what `dvc repro` runs."""
     import argparse
 
+    from trinity.process_guard import guard_this_process
+
     ap = argparse.ArgumentParser(description=flow_fn.__doc__)
     ap.add_argument("--params", default="params.yaml")
-    flow_fn(ap.parse_args().params)
+    args = ap.parse_args()
+    check_prefect_api()
+    guard_this_process()  # the ephemeral Prefect server, Dask workers etc. end with this process, even on SIGKILL
+    flow_fn(args.params)

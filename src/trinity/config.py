@@ -6,6 +6,7 @@ wrong type fails at load with a message naming the file and the dotted key, befo
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -137,6 +138,10 @@ class RewardSettings(_Section):
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
+_DASK_ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([1-9][0-9]{0,4})")
+"""A Dask scheduler address: protocol, host (a name, IPv4, or [IPv6]) and port."""
+
+
 class EvolveSettings(_Section):
     method: Literal["sep_cma", "reinforce", "random_search"] = "sep_cma"
     """The optimiser: sep-CMA-ES (the paper's), or one of the baselines of its ablation, which play the same
@@ -164,6 +169,13 @@ class EvolveSettings(_Section):
     dask_workers: int = 2
     """LocalCluster worker processes (each loads the local models it is asked for once)."""
     dask_threads_per_worker: int = 1
+    dask_address: str = Field("", exclude=True)
+    """The scheduler of an existing Dask cluster (e.g. "tcp://127.0.0.1:8786") for task_runner: dask; empty = a
+    LocalCluster of `dask_workers` started for the run (then dask_workers / dask_threads_per_worker apply; with an
+    address, the cluster's own workers do). Its workers must run this checkout's code: the same environment (venv
+    or install) as this process (README, "Dask: evolve on an existing cluster"). Runtime only, and left out of
+    every dump (`exclude`): where calls run is no part of a run's identity (resume fingerprint, params hash,
+    run id), so one run may move between clusters."""
 
     @field_validator("sigma0", "reinforce_lr", mode="before")
     @classmethod
@@ -181,6 +193,13 @@ class EvolveSettings(_Section):
                 raise ValueError(f"evolve.{k} must be >= 1, got {getattr(self, k)}")
         if self.popsize is not None and self.popsize < 2:
             raise ValueError(f"evolve.popsize must be >= 2 (or null), got {self.popsize}")
+        m = _DASK_ADDRESS.fullmatch(self.dask_address)
+        if self.dask_address and (m is None or int(m.group(3)) > 65535):
+            raise ValueError(f"evolve.dask_address must be a scheduler address like 'tcp://127.0.0.1:8786' "
+                             f"(tcp:// or tls://, a host and a port), got {self.dask_address!r}")
+        if self.dask_address and self.task_runner != "dask":
+            raise ValueError(f"evolve.dask_address is set ({self.dask_address!r}) but evolve.task_runner is "
+                             f"{self.task_runner!r}: set task_runner: dask to use the cluster, or clear the address")
         return self
 
 

@@ -5,9 +5,15 @@ A generation walks the memoised rollout trees; each turn, the requests that no s
 run (`expand-node`) on the task runner named by `evolve.task_runner`:
 
 - "threads": Prefect's ThreadPoolTaskRunner in this process (max_workers = pool.max_concurrency);
-- "dask":    prefect-dask's DaskTaskRunner on a distributed.LocalCluster of `evolve.dask_workers` worker
-             processes (`dask_threads_per_worker` threads each, on 127.0.0.1, no dashboard), told this
-             process's Prefect API URL. Each worker loads the local models it is asked for once and keeps them.
+- "dask":    prefect-dask's DaskTaskRunner, on the existing cluster whose scheduler is `evolve.dask_address`
+             (checked to answer, with at least one worker, before anything runs), else on a
+             distributed.LocalCluster of `evolve.dask_workers` worker processes (`dask_threads_per_worker`
+             threads each, on 127.0.0.1, no dashboard). Each worker loads the local models it is asked for once
+             and keeps them. Workers report their task runs to this process's Prefect API: its URL (the
+             ephemeral server's when PREFECT_API_URL is unset) is in the settings context Prefect ships with
+             every task, and in a LocalCluster's environment; left alone, each worker would start an ephemeral
+             server of its own. The workers of an existing cluster must run this checkout's code (same venv or
+             install): a task names `trinity.pool.worker.expand_request`, which they import.
 
 Workers receive plain data (member settings, messages, sampling) and return the response; the main process
 prices, counts and stores it (`Pool._record`): DuckDB has one writer, and no worker opens the store.
@@ -21,6 +27,7 @@ always for "dask"; for "threads" only when already inside a Prefect flow (the pi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 import uuid
@@ -61,6 +68,55 @@ def prefect_api_url() -> str:
     return server.api_url
 
 
+SCHEDULER_TIMEOUT_S = 10.0
+"""How long `check_scheduler` waits for an existing Dask scheduler to answer, and for a worker to join it."""
+
+
+class DaskClusterError(ValueError):
+    """evolve.dask_address names no usable cluster: bad input, not an outage to retry (a ValueError, as
+    flows/_bootstrap.py's BAD_INPUT)."""
+
+
+async def _scheduler_identity(address: str, timeout: float) -> dict:
+    """The scheduler's `identity` reply (type, workers, ...), every step under `timeout`: a Dask Client would wait
+    forever on a port that accepts connections but speaks no Dask (e.g. the scheduler's HTTP port, 8787)."""
+    from distributed.comm import connect
+
+    comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout)
+    try:
+        await asyncio.wait_for(comm.write({"op": "identity"}), timeout)
+        return await asyncio.wait_for(comm.read(), timeout)
+    finally:
+        comm.abort()
+
+
+def check_scheduler(address: str, timeout: float = SCHEDULER_TIMEOUT_S) -> int:
+    """The number of workers of the scheduler at `address`; raises DaskClusterError, naming the address and the
+    key, when no Dask scheduler answers there within `timeout` seconds or no worker joins it within another
+    `timeout`."""
+    import time
+
+    key = "evolve.dask_address"
+    deadline = None
+    while True:
+        try:
+            info = asyncio.run(_scheduler_identity(address, timeout))
+        except (OSError, asyncio.TimeoutError, TimeoutError) as e:
+            raise DaskClusterError(
+                f"{key}: no Dask scheduler answers at {address} (waited {timeout:g} s: {type(e).__name__}: {e}). "
+                f"Start one (`dask scheduler`, README \"Dask: evolve on an existing cluster\") or clear {key} "
+                "for a LocalCluster") from None
+        if not isinstance(info, dict) or info.get("type") != "Scheduler":
+            raise DaskClusterError(f"{key}: {address} answers, but not as a Dask scheduler ({str(info)[:200]})")
+        if info.get("workers"):
+            return len(info["workers"])
+        deadline = deadline or time.monotonic() + timeout
+        if time.monotonic() > deadline:
+            raise DaskClusterError(f"{key}: the Dask scheduler at {address} has no worker (waited {timeout:g} s). "
+                                   f"Start some: `dask worker {address}`")
+        time.sleep(0.5)
+
+
 def make_task_runner(ev: EvolveSettings, max_threads: int):
     if ev.task_runner == "threads":
         from prefect.task_runners import ThreadPoolTaskRunner
@@ -69,10 +125,26 @@ def make_task_runner(ev: EvolveSettings, max_threads: int):
     if ev.task_runner == "dask":
         from prefect_dask import DaskTaskRunner
 
+        if ev.dask_address:
+            check_scheduler(ev.dask_address)
+            return DaskTaskRunner(address=ev.dask_address)
         return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs={
             "n_workers": ev.dask_workers, "threads_per_worker": ev.dask_threads_per_worker, "processes": True,
             "host": "127.0.0.1", "dashboard_address": None, "env": {"PREFECT_API_URL": prefect_api_url()}})
     raise ValueError(f"unknown evolve.task_runner {ev.task_runner!r}")
+
+
+@contextlib.contextmanager
+def _api_url_in_settings(ev: EvolveSettings):
+    """For Dask: this process's Prefect API URL in its settings, which Prefect ships to the workers with every
+    task (without it, a worker of an existing cluster would start an ephemeral API server of its own)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if ev.task_runner != "dask" or PREFECT_API_URL.value():
+        yield
+        return
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api_url()}):
+        yield
 
 
 _expand_task = None
@@ -156,7 +228,8 @@ def run_expanding(fn: Callable[[], T], settings: Settings, pool, *, task_runner:
     _CALLS[call_id] = fn
     pool.expansion = expansion
     try:
-        return expand_flow(call_id)
+        with _api_url_in_settings(settings.evolve):
+            return expand_flow(call_id)
     finally:
         pool.expansion = previous
         _CALLS.pop(call_id, None)
