@@ -118,6 +118,22 @@ def test_second_repro_runs_nothing(repo):
     assert "Running stage" not in out
 
 
+def test_a_queued_experiments_copy_shares_the_workspaces_store(tmp_path):
+    """DVC runs a queued experiment in a copy under <workspace>/.dvc/tmp/exps/: its outputs are its own, its
+    response store is the workspace's."""
+    from trinity.stages import Paths
+
+    ws = tmp_path / "ws"
+    (ws / ".dvc").mkdir(parents=True)
+    (ws / ".dvc" / "config").write_text("")
+    for copy in (ws / ".dvc/tmp/exps/tmpab12cd", ws / ".dvc/tmp/exps/standalone/tmpef34gh"):
+        assert Paths(copy).store == ws / "data/store/trinity.duckdb"
+        assert Paths(copy).checkpoint == copy / "data/checkpoints/coordinator"
+    assert Paths(ws).store == ws / "data/store/trinity.duckdb"
+    elsewhere = tmp_path / "not-dvc/tmp/exps/tmpab12cd"  # no DVC workspace above it: a checkout of its own
+    assert Paths(elsewhere).store == elsewhere / "data/store/trinity.duckdb"
+
+
 DVC_OUTPUTS = ("data/prepared/train.jsonl", "data/prepared/in_distribution.jsonl", "data/prepared/heldout.jsonl",
                "data/prepared/summary.json", "data/encode/root_states.parquet", "data/encode/summary.json",
                "data/checkpoints/coordinator.npy", "data/checkpoints/coordinator.json", "data/evolve/metrics.json",
@@ -282,7 +298,8 @@ def test_optimiser_ablation_as_queued_dvc_experiments(repo, tmp_path):
     sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
     from ablation_report import ablation_rows, experiments, render
 
-    rows = {r["method"]: r for r in ablation_rows(experiments(shown), "ablation-")}
+    exps = experiments(shown)
+    rows = {r["method"]: r for r in ablation_rows(exps, "ablation-")}
     assert set(rows) == set(methods), ran[-3000:]
     for m, r in rows.items():
         assert r["name"] == f"ablation-{m}" and r["evolve"]["generations"] == 2
@@ -291,6 +308,13 @@ def test_optimiser_ablation_as_queued_dvc_experiments(repo, tmp_path):
     assert rows["reinforce"]["budget"] == rows["random_search"]["budget"]
     assert len(evolve_runs() - runs_before) >= 2  # each experiment's training went to the workspace's store
     md = render(list(rows.values()))
+    # experiments on different budgets are no ablation: refused, naming them
+    unequal = [json.loads(json.dumps(e)) for e in exps]
+    for e in unequal:
+        if e["name"] == "ablation-reinforce":
+            e["params"]["params.yaml"]["evolve"]["generations"] = 7
+    with pytest.raises(SystemExit, match="do not share one budget.*ablation-reinforce"):
+        ablation_rows(unequal, "ablation-")
     assert "| ablation-reinforce | REINFORCE |" in md and "| ablation-random_search | random search |" in md
     table = _sh(["dvc", "exp", "show", "--only-changed", "--no-pager"], repo, env)
     assert "ablation-reinforce" in table and "ablation-random_search" in table
