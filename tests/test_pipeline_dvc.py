@@ -179,11 +179,13 @@ def test_push_then_pull_restores_every_output_byte_for_byte(repo):
 
 
 def test_checkpoint_is_a_model_artifact_dvc_can_fetch(repo, tmp_path):
-    """dvc.yaml's top-level `artifacts:` entry: `dvc artifacts get` fetches the checkpoint of a commit."""
+    """dvc.yaml's top-level `artifacts:` entry: a commit tagged as a version of it (the Git tag format of DVC's
+    model registry, `<artifact>@v<semver>`), then `dvc artifacts get` fetches that version's checkpoint."""
     repo, env, _, _ = repo
     _sh(["git", "add", "-A"], repo, env)
     _sh(["git", "commit", "-q", "--allow-empty", "-m", "pipeline run"], repo, env)
-    _sh(["dvc", "artifacts", "get", str(repo), "coordinator", "--rev", "HEAD", "-o", str(tmp_path / "model")],
+    _sh(["git", "tag", "-a", "coordinator@v0.1.0", "-m", "tiny pipeline run"], repo, env)
+    _sh(["dvc", "artifacts", "get", str(repo), "coordinator", "--rev", "v0.1.0", "-o", str(tmp_path / "model")],
         repo, env)
     for name in ("coordinator.npy", "coordinator.json"):
         assert (tmp_path / "model" / name).read_bytes() == (repo / "data/checkpoints" / name).read_bytes()
