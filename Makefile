@@ -18,7 +18,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export WANDB_SILENT := true
 
-.PHONY: setup setup-sandbox run run-full run-every-item test test-slow check-graders bench clean-venv
+.PHONY: setup setup-sandbox run run-full run-every-item ablation test test-slow check-graders bench clean-venv
 
 setup: $(SETUP_STAMP)
 
@@ -65,6 +65,23 @@ EVERY_ITEM := data.math500_max_level=5 \
 run-every-item: setup setup-sandbox
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --name every-item $(foreach p,$(EVERY_ITEM),-S $(p))
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp show --only-changed
+
+# The optimiser ablation (sep-CMA-ES vs REINFORCE vs random search) as DVC experiments of the same pipeline, one
+# per evolve.method on the same budget (params.yaml's evolve.*, or add -S overrides to ABLATION_SET): queued, run
+# one at a time in temporary copies under .dvc/tmp/exps (they share this checkout's response store: calls one
+# method paid for are not paid again), compared with `dvc exp show`, tabulated in reports/ablation.md. data.root
+# is passed as an absolute path: DVC resolves a relative one against the temporary copy. To run one again:
+# `dvc exp remove ablation-<method>`.
+ABLATION_METHODS := sep_cma reinforce random_search
+ABLATION_SET ?=
+DATA_ROOT = $(shell $(PY) -c "from trinity.config import load_settings; print(load_settings().data.resolved_root())")
+ablation: setup setup-sandbox
+	@for m in $(ABLATION_METHODS); do \
+		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --queue --name ablation-$$m \
+			-S evolve.method=$$m -S data.root=$(DATA_ROOT) $(foreach p,$(ABLATION_SET),-S $(p)) || exit 1; done
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --run-all --jobs 1
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp show --only-changed
+	$(PY) scripts/ablation_report.py
 
 test: setup
 	bash scripts/run_tests.sh -m "not slow"

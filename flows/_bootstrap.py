@@ -41,7 +41,7 @@ LLM_BOUND_RETRIES = dict(retries=2, retry_delay_seconds=exponential_backoff(back
                          retry_condition_fn=retry_unless_bad_input)
 """Retries of a task that calls models: 60 s then 120 s (each ±50% jitter). A retried stage pays no call twice: the
 store keeps every reply the failed attempt got, and evolve resumes from its last generation."""
-LLM_BOUND_STAGES = frozenset({"evolve", "evaluate", "ablation"})
+LLM_BOUND_STAGES = frozenset({"evolve", "evaluate"})
 EVAL_SCORES_ARTIFACT_KEY = "trinity-eval-scores"
 
 
@@ -106,8 +106,8 @@ def publish_artifacts(stage: str, summary: dict) -> list[str]:
 
 def run_stage(name: str, params: str = "params.yaml", summarize=None, timeout_minutes: float | None = None) -> dict:
     """The body of every stage flow, as tasks: load-params (validated params), the stage itself (a task named
-    after it: trinity.stages.run_stage inside the stage's W&B run; models are called in evolve, evaluate and
-    ablation, which retry an outage with exponential backoff and jitter and stop after `timeout_minutes`), and
+    after it: trinity.stages.run_stage inside the stage's W&B run; models are called in evolve and evaluate,
+    which retry an outage with exponential backoff and jitter and stop after `timeout_minutes`), and
     publish-artifacts. No Prefect result cache here: what is costly to recompute — every LLM reply and hidden
     state — is cached across runs by content in the store, and stage outputs by DVC; a cached summary would stand
     for files it does not rebuild."""

@@ -60,6 +60,10 @@ def repo(tmp_path_factory, root):
     env = _env(tmp)
     _sh(["git", "init", "-q"], repo, env)
     _sh(["dvc", "init", "-q"], repo, env)
+    # the project's own DVC config and git-ignores: its default remote (a directory beside the checkout, here
+    # beside repo/ in the test's temp dir) and data/ out of git
+    shutil.copy(PROJECT_ROOT / ".dvc" / "config", repo / ".dvc" / "config")
+    shutil.copy(PROJECT_ROOT / ".gitignore", repo / ".gitignore")
     out = _sh(["dvc", "repro"], repo, env)
     first = json.loads((repo / "data/checkpoints/coordinator.json").read_text())
     return repo, env, out, first
@@ -125,6 +129,108 @@ def test_second_repro_runs_nothing(repo):
     assert "Running stage" not in out
 
 
+def test_a_queued_experiments_copy_shares_the_workspaces_store(tmp_path):
+    """DVC runs a queued experiment in a copy under <workspace>/.dvc/tmp/exps/: its outputs are its own, its
+    response store is the workspace's."""
+    from trinity.stages import Paths
+
+    ws = tmp_path / "ws"
+    (ws / ".dvc").mkdir(parents=True)
+    (ws / ".dvc" / "config").write_text("")
+    for copy in (ws / ".dvc/tmp/exps/tmpab12cd", ws / ".dvc/tmp/exps/standalone/tmpef34gh"):
+        assert Paths(copy).store == ws / "data/store/trinity.duckdb"
+        assert Paths(copy).checkpoint == copy / "data/checkpoints/coordinator"
+    assert Paths(ws).store == ws / "data/store/trinity.duckdb"
+    elsewhere = tmp_path / "not-dvc/tmp/exps/tmpab12cd"  # no DVC workspace above it: a checkout of its own
+    assert Paths(elsewhere).store == elsewhere / "data/store/trinity.duckdb"
+
+
+DVC_OUTPUTS = ("data/prepared/train.jsonl", "data/prepared/in_distribution.jsonl", "data/prepared/heldout.jsonl",
+               "data/prepared/summary.json", "data/encode/root_states.parquet", "data/encode/summary.json",
+               "data/checkpoints/coordinator.npy", "data/checkpoints/coordinator.json", "data/evolve/metrics.json",
+               "data/evolve/history.json", "data/eval/episodes.jsonl", "data/eval/results.json",
+               "data/eval/metrics.json")
+"""What the pipeline writes under data/ (git-ignored): DVC's cache and remote carry every one of them."""
+
+
+def _remote_files(remote: Path) -> set[str]:
+    return {str(p.relative_to(remote)) for p in remote.rglob("*") if p.is_file()}
+
+
+def test_push_then_pull_restores_every_output_byte_for_byte(repo):
+    """`dvc push` to the default remote of .dvc/config, every output and DVC's cache deleted, `dvc pull`: the
+    prepared data, the checkpoint and the evaluation come back identical and `dvc status` is clean. A remote of
+    one's own (`dvc remote add -d --local`) then takes over as the default."""
+    from trinity.deploy import resolve_dvc_remote
+
+    repo, env, _, _ = repo
+    default = repo.parent / "trinity-dvc-storage"  # ../../trinity-dvc-storage, resolved against repo/.dvc
+    assert _sh(["dvc", "remote", "list"], repo, env).split() == ["storage", str(default), "(default)"]
+    assert resolve_dvc_remote(repo, None) == "storage"  # what weekly-retrain and flows/deploy.py check
+    before = {p: (repo / p).read_bytes() for p in DVC_OUTPUTS}
+    pushed = _sh(["dvc", "push"], repo, env)
+    assert "pushed" in pushed and _remote_files(default)
+    for p in DVC_OUTPUTS:
+        (repo / p).unlink()
+    shutil.rmtree(repo / ".dvc" / "cache")
+    assert "deleted" in _sh(["dvc", "status"], repo, env)
+    pulled = _sh(["dvc", "pull"], repo, env)
+    assert {p: (repo / p).read_bytes() for p in DVC_OUTPUTS} == before
+    assert "Data and pipelines are up to date." in _sh(["dvc", "status"], repo, env)
+    print(f"\n[dvc] push: {pushed.strip().splitlines()[-1]}; pull: {pulled.strip().splitlines()[-1]}")
+
+    mine = repo.parent / "my-remote"
+    _sh(["dvc", "remote", "add", "-d", "--local", "mine", str(mine)], repo, env)
+    try:
+        assert resolve_dvc_remote(repo, None) == "mine"
+        _sh(["dvc", "push"], repo, env)
+        assert _remote_files(mine) == _remote_files(default)
+    finally:
+        _sh(["dvc", "remote", "remove", "--local", "mine"], repo, env)
+
+
+def test_checkpoint_is_a_model_artifact_dvc_can_fetch(repo, tmp_path):
+    """dvc.yaml's top-level `artifacts:` entry: a commit tagged as a version of it (the Git tag format of DVC's
+    model registry, `<artifact>@v<semver>`), then `dvc artifacts get` fetches that version's checkpoint."""
+    repo, env, _, _ = repo
+    _sh(["git", "add", "-A"], repo, env)
+    _sh(["git", "commit", "-q", "--allow-empty", "-m", "pipeline run"], repo, env)
+    _sh(["git", "tag", "-a", "coordinator@v0.1.0", "-m", "tiny pipeline run"], repo, env)
+    _sh(["dvc", "artifacts", "get", str(repo), "coordinator", "--rev", "v0.1.0", "-o", str(tmp_path / "model")],
+        repo, env)
+    for name in ("coordinator.npy", "coordinator.json"):
+        assert (tmp_path / "model" / name).read_bytes() == (repo / "data/checkpoints" / name).read_bytes()
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as r:
+        (art,) = r.artifacts.read()["dvc.yaml"].values()
+    assert art.type == "model" and art.path == "data/checkpoints"
+
+
+def test_weekly_retrain_without_a_dvc_remote_fails_by_name_before_any_stage(repo, tmp_path):
+    """A checkout whose DVC config names no remote: weekly-retrain (`dvc repro` then `dvc push`) stops at its
+    check, naming the config file, before the pipeline runs or any model is called; plain `dvc push` there fails
+    too."""
+    src_repo, env, _, _ = repo
+    bare = tmp_path / "no-remote"
+    bare.mkdir()
+    for item in ("dvc.yaml", "params.yaml", "flows", "src"):
+        src = src_repo / item
+        (shutil.copytree(src, bare / item, ignore=shutil.ignore_patterns("__pycache__"))
+         if src.is_dir() else shutil.copy(src, bare / item))
+    _sh(["git", "init", "-q"], bare, env)
+    _sh(["dvc", "init", "-q"], bare, env)
+    r = subprocess.run([sys.executable, "flows/weekly_retrain.py"], cwd=bare, env=env, capture_output=True,
+                       text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert f"no DVC remote to push to: {bare / '.dvc' / 'config'} sets no default remote" in out, out[-3000:]
+    assert "configured remotes: none" in out
+    assert "dvc repro" not in out and not (bare / "dvc.lock").exists() and not (bare / "data").exists()
+    r = subprocess.run(["dvc", "push"], cwd=bare, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "no remote specified" in r.stderr, r.stderr
+
+
 def test_forced_rerun_of_a_finished_stage_resumes_it(repo):
     repo, env, _, first = repo
     _sh(["dvc", "repro", "-f", "-s", "evolve"], repo, env)
@@ -173,3 +279,56 @@ def test_code_edit_reruns_evolve_as_a_new_run_from_stored_calls(repo):
         assert after["saved_fitness"] == first["saved_fitness"]  # same behaviour, same stored samples: same result
     finally:
         episode.write_text(original)
+
+
+@pytest.mark.slow
+def test_optimiser_ablation_as_queued_dvc_experiments(repo, tmp_path):
+    """The ablation as `make ablation` runs it, on two methods: queued experiments (`dvc exp run --queue -S
+    evolve.method=...`), run one at a time in DVC's temporary copies (`dvc exp run --run-all`), compared in
+    `dvc exp show --json` (each with its training and evaluation metrics, read from DVC's cache), tabulated by
+    scripts/ablation_report.py. The experiments share the workspace's response store: their evolve runs are
+    recorded in it."""
+    import duckdb
+
+    repo, env, _, _ = repo
+    store = repo / "data/store/trinity.duckdb"
+
+    def evolve_runs() -> set[str]:
+        with duckdb.connect(str(store), read_only=True) as db:
+            return {r for (r,) in db.execute("SELECT DISTINCT run_id FROM episodes").fetchall()}
+
+    runs_before = evolve_runs()
+    _sh(["git", "add", "-A"], repo, env)
+    _sh(["git", "commit", "-q", "--allow-empty", "-m", "baseline"], repo, env)
+    methods = ("reinforce", "random_search")
+    for m in methods:
+        _sh(["dvc", "exp", "run", "--queue", "--name", f"ablation-{m}", "-S", f"evolve.method={m}"], repo, env)
+    ran = _sh(["dvc", "exp", "run", "--run-all", "--jobs", "1"], repo, env, timeout=1800)
+    r = subprocess.run(["dvc", "exp", "show", "--json"], cwd=repo, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+    from ablation_report import ablation_rows, experiments, render
+
+    exps = experiments(shown)
+    rows = {r["method"]: r for r in ablation_rows(exps, "ablation-")}
+    assert set(rows) == set(methods), ran[-3000:]
+    for m, r in rows.items():
+        assert r["name"] == f"ablation-{m}" and r["evolve"]["generations"] == 2
+        assert {"avg_in_distribution", "math500", "gsm8k"} <= set(r["trinity"])  # the experiment's evaluation
+        assert isinstance(r["evolve"]["saved_fitness"], float)
+    assert rows["reinforce"]["budget"] == rows["random_search"]["budget"]
+    assert len(evolve_runs() - runs_before) >= 2  # each experiment's training went to the workspace's store
+    md = render(list(rows.values()))
+    # experiments on different budgets are no ablation: refused, naming them
+    unequal = [json.loads(json.dumps(e)) for e in exps]
+    for e in unequal:
+        if e["name"] == "ablation-reinforce":
+            e["params"]["params.yaml"]["evolve"]["generations"] = 7
+    with pytest.raises(SystemExit, match="do not share one budget.*ablation-reinforce"):
+        ablation_rows(unequal, "ablation-")
+    assert "| ablation-reinforce | REINFORCE |" in md and "| ablation-random_search | random search |" in md
+    table = _sh(["dvc", "exp", "show", "--only-changed", "--no-pager"], repo, env)
+    assert "ablation-reinforce" in table and "ablation-random_search" in table
+    print(f"\n[dvc] exp show --only-changed:\n{table}\n{md}")

@@ -3,7 +3,9 @@
 Each stage reads the previous stage's outputs under `<root>/data` and the same settings, and writes its
 own outputs (the DVC outs in dvc.yaml). flows/ wraps each in a Prefect flow; tests call them directly.
 The memo store (<root>/data/store/trinity.duckdb) is shared by the stages and is not a DVC output: it is a
-content-addressed cache, so any rerun makes no LLM call for a stored request.
+content-addressed cache, so any rerun makes no LLM call for a stored request. A DVC experiment run in a temporary
+copy of the workspace (`dvc exp run --queue`, then `dvc queue start` or `dvc exp run --run-all`) shares the
+workspace's store (`dvc_workspace`).
 """
 from __future__ import annotations
 
@@ -17,6 +19,23 @@ import numpy as np
 from trinity.config import PROJECT_ROOT, Settings
 
 
+DVC_EXPERIMENT_DIRS = (".dvc", "tmp", "exps")
+"""Where DVC runs a queued experiment: a temporary copy under <workspace>/.dvc/tmp/exps/ (`tmpXXXX`, or
+`standalone/tmpXXXX` for `dvc exp run --temp`), removed once the experiment is committed."""
+
+
+def dvc_workspace(root: Path) -> Path:
+    """The workspace `root` is a checkout of: `root` itself, or, when `root` is a temporary copy DVC made to run a
+    queued experiment (under <workspace>/.dvc/tmp/exps/), that workspace. Its store is the one the experiment
+    shares: the calls and hidden states the workspace already paid for are not paid again, and an ablation's
+    experiments reuse one another's (DuckDB's one writer at a time: run the queue with one worker, the default)."""
+    root = Path(root)
+    for ws in root.parents:
+        if ws.joinpath(*DVC_EXPERIMENT_DIRS) in root.parents and (ws / ".dvc" / "config").is_file():
+            return ws
+    return root
+
+
 @dataclass(frozen=True)
 class Paths:
     root: Path = PROJECT_ROOT
@@ -28,7 +47,7 @@ class Paths:
     @property
     def encoded(self) -> Path: return self.data / "encode"
     @property
-    def store(self) -> Path: return self.data / "store" / "trinity.duckdb"
+    def store(self) -> Path: return dvc_workspace(self.root) / "data" / "store" / "trinity.duckdb"
     @property
     def checkpoint(self) -> Path: return self.data / "checkpoints" / "coordinator"
     @property
@@ -39,8 +58,6 @@ class Paths:
     def exports(self) -> Path: return self.data / "exports"
     @property
     def reports(self) -> Path: return self.root / "reports"
-    @property
-    def ablation_dir(self) -> Path: return self.data / "ablation"
 
 
 def _write_json(path: Path, obj) -> None:
@@ -211,10 +228,13 @@ def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     train = _load_tasks(paths).train
     encoder = make_encoder(settings)
     paths.evolve_dir.mkdir(parents=True, exist_ok=True)
+    # the resume state is this checkout's own (a queued experiment's copy does not share the workspace's)
+    resume = paths.data / "store" / "evolve_state.pkl"
+    resume.parent.mkdir(parents=True, exist_ok=True)
     with Store(paths.store) as store:
         pool = build_pool(settings.pool, store, _role_caps(settings))
         states = StateCache(encoder, store)
-        result = _train(settings, train, pool, states, store, resume_path=paths.data / "store" / "evolve_state.pkl",
+        result = _train(settings, train, pool, states, store, resume_path=resume,
                         run_id=run_id(settings, "evolve"), on_generation=_generation_logger(tracker, pool.names))
         layout = result.layout
         _reset_adapter(states, layout)
@@ -390,171 +410,9 @@ def report(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     return {name: str(p) for name, p in written.items()}
 
 
-# ------------------------------------------------------------------------------------------ ablation
-ABLATION_METHODS = ("sep_cma", "reinforce", "random_search")
-FINAL_FITNESS_SAMPLES = 4
-"""Seeded sampled episodes per training task when scoring each method's final parameters."""
-
-
-def ablation(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
-    """The paper's optimiser ablation on our pool: sep-CMA-ES vs REINFORCE vs random search, each trained with
-    `evolve.*` (same tasks, minibatches, episode seeds and episode budget), then scored the same way:
-
-    - final fitness: mean shaped reward of the final parameters over every training task,
-      FINAL_FITNESS_SAMPLES seeded sampled episodes each (the training policy);
-    - held-out accuracy: argmax policy on the held-out tasks (as the evaluate stage scores `trinity`);
-    - model-choice entropy: entropy (nats) of the model picks over all held-out turns (0 = one model only).
-
-    The methods share the store and the memoised trees, so whatever one method paid for, the others reuse.
-    Writes data/ablation/results.json and reports/ablation.md.
-    """
-    import asyncio
-
-    from trinity.coordinator.episode import (Episode, RolloutTrees, StateCache, entropy_of_counts, episode_rng,
-                                             play_episodes)
-    from trinity.evolve.sep_cma import param_layout
-    from trinity.pool.errors import check_pool_config
-    from trinity.pool.runtime import build_pool
-    from trinity.store import Store
-
-    check_pool_config(settings.pool)
-    splits = _load_tasks(paths)
-    # held-out accuracy of each method's argmax policy: the held-out items a grader scores (MT-Bench, judged by an
-    # LLM on both turns, is left to the evaluate stage)
-    train, heldout = splits.train, [t for t in splits.heldout if t.grader != "judge"]
-    encoder = make_encoder(settings)
-    grade = _grade()
-    ev, co = settings.evolve, settings.coordinator
-    rows = []
-    t_all = time.perf_counter()
-    with Store(paths.store) as store:
-        pool = build_pool(settings.pool, store, _role_caps(settings))
-        states = StateCache(encoder, store)
-        trees = RolloutTrees()
-        layout = param_layout(settings, len(pool), states)
-
-        def play(eps, delta, W):
-            asyncio.run(play_episodes(eps, [W], pool, states, co.max_turns, settings.reward, grade,
-                                      adapters=None if delta is None else [delta], trees=trees))
-
-        for method in ABLATION_METHODS:
-            s = settings.model_copy(update={"evolve": ev.model_copy(update={"method": method})})
-            row: dict = {"method": method}
-            if method == "reinforce" and layout.n_svf:
-                row["skipped"] = "REINFORCE trains the head only; coordinator.svf_layer is set"
-                rows.append(row)
-                continue
-            t0, calls0 = time.perf_counter(), pool.stats.calls_made
-            result = _train(s, train, pool, states, store,
-                            resume_path=paths.data / "store" / f"ablation_{method}_state.pkl",
-                            run_id=run_id(s, f"ablation-{method}"),
-                            on_generation=_generation_logger(tracker, pool.names, prefix=f"{method}/", step=False),
-                            trees=trees)
-            train_calls = pool.stats.calls_made - calls0
-            delta, W = layout.split(result.params)
-            calls1 = pool.stats.calls_made
-            fin = [Episode(task=t, candidate=0, rng=episode_rng(ev.seed, "ablation-final", k, t.id))
-                   for k in range(FINAL_FITNESS_SAMPLES) for t in train]
-            play(fin, delta, W)
-            held = [Episode(task=t, candidate=0, rng=None) for t in heldout]
-            play(held, delta, W)
-            usage = dict.fromkeys(pool.names, 0)
-            for e in held:
-                for m, _ in e.picks:
-                    usage[pool.names[m]] += 1
-            h = result.history
-            row.update({
-                "final_fitness": float(np.mean([e.reward for e in fin])),
-                "final_train_accuracy": float(np.mean([e.correct for e in fin])),
-                "heldout_accuracy": float(np.mean([e.correct for e in held])) if held else 0.0,
-                "heldout_model_entropy": entropy_of_counts(list(usage.values())),
-                "heldout_model_usage": usage,
-                "heldout_mean_turns": float(np.mean([len(e.turns) for e in held])) if held else 0.0,
-                "train_episodes": int(sum(r.episodes for r in h)),
-                "train_calls": train_calls, "eval_calls": pool.stats.calls_made - calls1,
-                "best_candidate_fitness": result.best_candidate_fitness,
-                "saved_fitness": result.saved_fitness,
-                "last_mean_fitness": h[-1].mean_fitness if h else None,
-                "last_model_entropy": h[-1].model_entropy if h else None,
-                "curve": [{"generation": r.generation, "saved": r.saved_fitness, "best": r.best_candidate_fitness,
-                           "mean": r.mean_fitness, "step": r.sigma, "calls": r.calls_made} for r in h],
-                "wall_s": round(time.perf_counter() - t0, 2),
-            })
-            rows.append(row)
-        _reset_adapter(states, layout)
-    popsize = ev.popsize
-    if popsize is None:
-        from trinity.evolve.sep_cma import default_popsize
-
-        popsize = default_popsize(layout.n_params)
-    out = {
-        "methods": rows, "train_tasks": len(train), "heldout": sorted({t.source for t in heldout}),
-        "n_heldout": len(heldout), "generations": ev.generations, "popsize": popsize,
-        "episodes_per_candidate": ev.episodes_per_candidate,
-        "episode_budget": ev.generations * popsize * min(ev.episodes_per_candidate, len(train)),
-        "final_fitness_samples": FINAL_FITNESS_SAMPLES, **layout.describe(), "seed": ev.seed,
-        "encoder": encoder.encoder_id, "pool": pool.names, "wall_s": round(time.perf_counter() - t_all, 2),
-    }
-    _write_json(paths.ablation_dir / "results.json", out)
-    _write_ablation_report(out, paths.reports / "ablation.md")
-    if tracker is not None:
-        done = [r for r in rows if "skipped" not in r]
-        tracker.table("ablation", ["method", "final_fitness", "heldout_accuracy", "heldout_model_entropy",
-                                   "train_episodes", "train_calls"],
-                      [[r["method"], r["final_fitness"], r["heldout_accuracy"], r["heldout_model_entropy"],
-                        r["train_episodes"], r["train_calls"]] for r in done])
-    return out
-
-
-def _write_ablation_report(res: dict, path: Path) -> None:
-    from trinity.report import OPTIMISER_NAMES
-
-    lines = [
-        "# Trinity — optimiser ablation", "",
-        f"Same head ({res['head_shape'][0]} x {res['head_shape'][1]}"
-        + (f" + {res['svf_params']} SVF scales" if res["svf_params"] else "") + f" = {res['n_params']} parameters), "
-        f"same {res['train_tasks']} training tasks, same minibatches and episode seeds, same budget: "
-        f"{res['generations']} generations x popsize {res['popsize']} x {res['episodes_per_candidate']} tasks "
-        f"= {res['episode_budget']} training episodes per method. Pool: {', '.join(res['pool'])}.", "",
-        "| method | final fitness | train accuracy | held-out accuracy | model-choice entropy (nats) | "
-        "training episodes | new LLM calls (train / eval) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in res["methods"]:
-        name = OPTIMISER_NAMES.get(r["method"], r["method"])
-        if "skipped" in r:
-            lines.append(f"| {name} | — | — | — | — | — | skipped: {r['skipped']} |")
-            continue
-        lines.append(f"| {name} | {r['final_fitness']:.3f} | {r['final_train_accuracy']:.3f} | "
-                     f"{r['heldout_accuracy']:.3f} | {r['heldout_model_entropy']:.3f} | {r['train_episodes']} | "
-                     f"{r['train_calls']} / {r['eval_calls']} |")
-    lines += [
-        "",
-        f"Final fitness: mean shaped reward of the final parameters (CMA: the distribution mean; REINFORCE: θ; "
-        f"random search: the incumbent) over every training task, {res['final_fitness_samples']} seeded sampled "
-        f"episodes each. Held-out: {', '.join(res['heldout'])} ({res['n_heldout']} items), argmax policy. "
-        "Model-choice entropy: of the model picks over all held-out turns. New LLM calls count only what the "
-        "shared response store did not already hold when the method ran (methods run in the order listed).",
-        "",
-        "Paper (LiveCodeBench): REINFORCE .253 < random search .374 < sep-CMA-ES .615.",
-        "",
-        "## Fitness per generation (saved vector / candidates mean / best candidate)", "",
-        "| generation | " + " | ".join(OPTIMISER_NAMES.get(r["method"], r["method"]) for r in res["methods"]) + " |",
-        "|---|" + "---|" * len(res["methods"]),
-    ]
-    for g in range(res["generations"]):
-        cells = []
-        for r in res["methods"]:
-            c = r.get("curve") or []
-            cells.append(f"{c[g]['saved']:.3f} / {c[g]['mean']:.3f} / {c[g]['best']:.3f}" if g < len(c) else "—")
-        lines.append(f"| {g} | " + " | ".join(cells) + " |")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-
-
 # ------------------------------------------------------------------------------------------ dispatch
-STAGES = ("prepare", "encode", "evolve", "evaluate", "report", "ablation")
-_TRACKED = frozenset({"prepare", "evolve", "evaluate", "report", "ablation"})
+STAGES = ("prepare", "encode", "evolve", "evaluate", "report")
+_TRACKED = frozenset({"prepare", "evolve", "evaluate", "report"})
 """Stages that log per-generation / per-method metrics to the tracker while they run."""
 
 

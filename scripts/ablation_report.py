@@ -1,0 +1,121 @@
+"""reports/ablation.md from the optimiser ablation's DVC experiments (`make ablation`, README "DVC: remote,
+push/pull, experiments"): one experiment per `evolve.method`, the same pipeline and budget otherwise.
+
+Reads `dvc exp show --json` (run here, or a file given with --json) and tabulates, for every experiment whose
+name starts with --prefix: the training result (data/evolve/metrics.json) and the coordinator's evaluation
+(the `trinity` row of data/eval/metrics.json). Fails, naming the experiments, when they do not share one
+budget (every evolve.* key but the method equal) or when an experiment has no metrics (it failed or was not run).
+
+    python scripts/ablation_report.py [--prefix ablation-] [--json exp_show.json] [--out reports/ablation.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+EVOLVE_METRICS = "data/evolve/metrics.json"
+EVAL_METRICS = "data/eval/metrics.json"
+PARAMS = "params.yaml"
+BUDGET_KEYS = ("generations", "popsize", "episodes_per_candidate", "seed", "sigma0", "reinforce_lr",
+               "saved_fitness_tasks", "saved_fitness_samples")
+
+
+def experiments(shown: list[dict]) -> list[dict]:
+    """Every experiment of `dvc exp show --json` as {name, rev, params, metrics}: params as
+    {file: {...}}, metrics as {file: {...}} (a file DVC could not read is left out)."""
+    out = []
+    for baseline in shown:
+        for exp in baseline.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                data = rev.get("data") or {}
+                out.append({
+                    "name": rev.get("name") or data.get("meta", {}).get("name") or rev.get("rev"),
+                    "rev": data.get("rev") or rev.get("rev"),
+                    "params": {f: (v or {}).get("data", {}) for f, v in (data.get("params") or {}).items()},
+                    "metrics": {f: v["data"] for f, v in (data.get("metrics") or {}).items() if v and "data" in v},
+                })
+    return out
+
+
+def ablation_rows(exps: list[dict], prefix: str) -> list[dict]:
+    rows = []
+    for e in exps:
+        if not str(e["name"]).startswith(prefix):
+            continue
+        evolve = e["params"].get(PARAMS, {}).get("evolve", {})
+        missing = [f for f in (EVOLVE_METRICS, EVAL_METRICS) if f not in e["metrics"]]
+        if missing:
+            raise SystemExit(f"experiment {e['name']} ({e['rev']}): no {', '.join(missing)} in `dvc exp show` "
+                             "(did it fail? `dvc queue logs <name>`, `dvc queue status`)")
+        rows.append({"name": e["name"], "rev": e["rev"], "method": evolve.get("method"),
+                     "budget": {k: evolve.get(k) for k in BUDGET_KEYS},
+                     "evolve": e["metrics"][EVOLVE_METRICS], "trinity": e["metrics"][EVAL_METRICS].get("trinity", {})})
+    if not rows:
+        raise SystemExit(f"no experiment named {prefix}* in `dvc exp show` (queue them: `make ablation`)")
+    budgets = {json.dumps(r["budget"], sort_keys=True) for r in rows}
+    if len(budgets) > 1:
+        raise SystemExit("the ablation's experiments do not share one budget (evolve.* other than method): "
+                         + "; ".join(f"{r['name']}: {r['budget']}" for r in rows))
+    return rows
+
+
+def _num(v) -> str:
+    return f"{v:.3f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
+
+
+def render(rows: list[dict]) -> str:
+    from trinity.report import OPTIMISER_NAMES
+
+    b = rows[0]["budget"]
+    benches = sorted({k for r in rows for k in r["trinity"] if not k.startswith("avg_")})
+    lines = [
+        "# Trinity — optimiser ablation", "",
+        "One DVC experiment per optimiser (`make ablation`: `dvc exp run --queue -S evolve.method=...`), the same "
+        f"pipeline, tasks, pool and budget otherwise: {b['generations']} generations x popsize {b['popsize']} x "
+        f"{b['episodes_per_candidate']} tasks per candidate, seed {b['seed']}. Training: data/evolve/metrics.json "
+        "(the saved vector's fitness on the training tasks); evaluation: the `trinity` row of data/eval/metrics.json "
+        "(argmax policy on the in-distribution and held-out items).", "",
+        "| experiment | method | saved fitness | best candidate | avg in-distribution | avg held-out | "
+        + " | ".join(benches) + " | new LLM calls (train) |",
+        "|---|---|---|---|---|---|" + "---|" * len(benches) + "---|",
+    ]
+    for r in rows:
+        t, ev = r["trinity"], r["evolve"]
+        lines.append(f"| {r['name']} | {OPTIMISER_NAMES.get(r['method'], r['method'])} | {_num(ev.get('saved_fitness'))} "
+                     f"| {_num(ev.get('best_candidate_fitness'))} | {_num(t.get('avg_in_distribution'))} | "
+                     f"{_num(t.get('avg_heldout'))} | " + " | ".join(_num(t.get(k)) for k in benches)
+                     + f" | {ev.get('calls_made', '—')} |")
+    lines += ["", "Experiments: " + ", ".join(f"{r['name']} ({str(r['rev'])[:7]})" for r in rows)
+              + ". Compare them with `dvc exp show`; MT-Bench scores are on its 1–10 scale.",
+              "", "Paper (LiveCodeBench): REINFORCE .253 < random search .374 < sep-CMA-ES .615."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prefix", default="ablation-", help="experiment names of the ablation start with this")
+    ap.add_argument("--json", type=Path, help="`dvc exp show --json` output (default: run it here)")
+    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "ablation.md")
+    args = ap.parse_args()
+    if args.json:
+        shown = json.loads(args.json.read_text())
+    else:
+        r = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=ROOT, capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"`dvc exp show --json` failed in {ROOT}:\n{r.stderr}")
+        shown = json.loads(r.stdout)
+    rows = ablation_rows(experiments(shown), args.prefix)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(rows))
+    print(f"wrote {args.out}: {', '.join(r['name'] + ' (' + str(r['method']) + ')' for r in rows)}")
+
+
+if __name__ == "__main__":
+    main()
