@@ -7,7 +7,6 @@ config and artifact records live only in the run's transaction log `run-<id>.wan
 import gzip
 import json
 import secrets
-import struct
 import time
 import warnings
 from pathlib import Path
@@ -103,32 +102,10 @@ def write_plot(plots_dir: Path, stem: str) -> Path:
 
 
 def _records(run_dir: Path) -> list:
-    """The protobuf records of an offline run's transaction log (32 KiB blocks of crc/len/type chunks)."""
-    from wandb.proto import wandb_internal_pb2 as pb
+    """The protobuf records of an offline run's transaction log (the reader the W&B report uses)."""
+    from trinity.wandb_report import read_records
 
-    data = next(run_dir.glob("run-*.wandb")).read_bytes()
-    assert data[:4] == b":W&B"
-    out, pos, buf, block = [], 7, b"", 32768
-    while pos + 7 <= len(data):
-        room = block - pos % block
-        if room < 7:
-            pos += room
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        pos += 7
-        if kind == 0:  # block padding
-            pos += room - 7
-            continue
-        chunk, pos = data[pos:pos + length], pos + length
-        if kind in (1, 2):
-            buf = chunk
-        else:
-            buf += chunk
-        if kind in (1, 4):
-            record = pb.Record()
-            record.ParseFromString(buf)
-            out.append(record)
-    return out
+    return read_records(next(run_dir.glob("run-*.wandb")))
 
 
 def _finished_records(run_dir: Path, timeout_s: float = 30.0) -> list:
