@@ -135,7 +135,9 @@ def read_run(run_dir: Path) -> LoggedRun | None:
                 summary.setdefault(_item_path(item), None)
     if run is None:
         return None
-    started = run.start_time.seconds if run.HasField("start_time") else files[0].stat().st_mtime
+    # to the microsecond (W&B stores it so): runs of two pipeline runs can start within one second
+    started = (run.start_time.seconds + run.start_time.nanos / 1e9) if run.HasField("start_time") \
+        else files[0].stat().st_mtime
     hidden = lambda k: k.startswith("_")  # noqa: E731  (_step, _runtime, _timestamp, _wandb)
     return LoggedRun(id=run.run_id, name=run.display_name, group=run.run_group, job_type=run.job_type,
                      project=run.project, entity=run.entity, started=float(started),
