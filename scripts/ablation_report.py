@@ -52,12 +52,12 @@ def ablation_rows(exps: list[dict], prefix: str) -> list[dict]:
         missing = [f for f in (EVOLVE_METRICS, EVAL_METRICS) if f not in e["metrics"]]
         if missing:
             raise SystemExit(f"experiment {e['name']} ({e['rev']}): no {', '.join(missing)} in `dvc exp show` "
-                             "(did it fail? `dvc queue logs <name>`, `dvc queue status`)")
+                             "(did it fail? its `dvc exp run` output says why; `dvc exp remove <name>` and run it again)")
         rows.append({"name": e["name"], "rev": e["rev"], "method": evolve.get("method"),
                      "budget": {k: evolve.get(k) for k in BUDGET_KEYS},
                      "evolve": e["metrics"][EVOLVE_METRICS], "trinity": e["metrics"][EVAL_METRICS].get("trinity", {})})
     if not rows:
-        raise SystemExit(f"no experiment named {prefix}* in `dvc exp show` (queue them: `make ablation`)")
+        raise SystemExit(f"no experiment named {prefix}* in `dvc exp show` (run them: `make ablation`)")
     budgets = {json.dumps(r["budget"], sort_keys=True) for r in rows}
     if len(budgets) > 1:
         raise SystemExit("the ablation's experiments do not share one budget (evolve.* other than method): "
@@ -76,7 +76,7 @@ def render(rows: list[dict]) -> str:
     benches = sorted({k for r in rows for k in r["trinity"] if not k.startswith("avg_")})
     lines = [
         "# Trinity — optimiser ablation", "",
-        "One DVC experiment per optimiser (`make ablation`: `dvc exp run --queue -S evolve.method=...`), the same "
+        "One DVC experiment per optimiser (`make ablation`: `dvc exp run --temp -S evolve.method=...`), the same "
         f"pipeline, tasks, pool and budget otherwise: {b['generations']} generations x popsize {b['popsize']} x "
         f"{b['episodes_per_candidate']} tasks per candidate, seed {b['seed']}. Training: data/evolve/metrics.json "
         "(the saved vector's fitness on the training tasks); evaluation: the `trinity` row of data/eval/metrics.json "

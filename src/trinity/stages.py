@@ -4,8 +4,8 @@ Each stage reads the previous stage's outputs under `<root>/data` and the same s
 own outputs (the DVC outs in dvc.yaml). flows/ wraps each in a Prefect flow; tests call them directly.
 The memo store (<root>/data/store/trinity.duckdb) is shared by the stages and is not a DVC output: it is a
 content-addressed cache, so any rerun makes no LLM call for a stored request. A DVC experiment run in a temporary
-copy of the workspace (`dvc exp run --queue`, then `dvc queue start` or `dvc exp run --run-all`) shares the
-workspace's store (`dvc_workspace`).
+copy of the workspace (`dvc exp run --temp`, as `make ablation` runs them, or `dvc exp run --queue` and then
+`dvc queue start`) shares the workspace's store (`dvc_workspace`).
 """
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ from trinity.config import PROJECT_ROOT, Settings
 
 
 DVC_EXPERIMENT_DIRS = (".dvc", "tmp", "exps")
-"""Where DVC runs a queued experiment: a temporary copy under <workspace>/.dvc/tmp/exps/ (`tmpXXXX`, or
+"""Where DVC runs an experiment outside the workspace: a temporary copy under <workspace>/.dvc/tmp/exps/ (`tmpXXXX`, or
 `standalone/tmpXXXX` for `dvc exp run --temp`), removed once the experiment is committed."""
 
 
 def dvc_workspace(root: Path) -> Path:
     """The workspace `root` is a checkout of: `root` itself, or, when `root` is a temporary copy DVC made to run a
-    queued experiment (under <workspace>/.dvc/tmp/exps/), that workspace. Its store is the one the experiment
-    shares: the calls and hidden states the workspace already paid for are not paid again, and an ablation's
-    experiments reuse one another's (DuckDB's one writer at a time: run the queue with one worker, the default)."""
+    queued or `--temp` experiment (under <workspace>/.dvc/tmp/exps/), that workspace. Its store is the one the
+    experiment shares: the calls and hidden states the workspace already paid for are not paid again, and an
+    ablation's experiments reuse one another's (DuckDB's one writer at a time: one experiment at a time)."""
     root = Path(root)
     for ws in root.parents:
         if ws.joinpath(*DVC_EXPERIMENT_DIRS) in root.parents and (ws / ".dvc" / "config").is_file():
