@@ -31,12 +31,14 @@ def experiments(shown: list[dict]) -> list[dict]:
     {file: {...}}, metrics as {file: {...}} (a file DVC could not read is left out)."""
     out = []
     for baseline in shown:
+        base_rev = baseline.get("rev")
         for exp in baseline.get("experiments") or []:
             for rev in exp.get("revs") or []:
                 data = rev.get("data") or {}
                 out.append({
                     "name": rev.get("name") or data.get("meta", {}).get("name") or rev.get("rev"),
                     "rev": data.get("rev") or rev.get("rev"),
+                    "baseline": base_rev,
                     "params": {f: (v or {}).get("data", {}) for f, v in (data.get("params") or {}).items()},
                     "metrics": {f: v["data"] for f, v in (data.get("metrics") or {}).items() if v and "data" in v},
                 })
@@ -53,7 +55,9 @@ def ablation_rows(exps: list[dict], prefix: str) -> list[dict]:
         if missing:
             raise SystemExit(f"experiment {e['name']} ({e['rev']}): no {', '.join(missing)} in `dvc exp show` "
                              "(did it fail? its `dvc exp run` output says why; `dvc exp remove <name>` and run it again)")
-        rows.append({"name": e["name"], "rev": e["rev"], "method": evolve.get("method"),
+        items = e["params"].get(PARAMS, {}).get("data", {})
+        rows.append({"name": e["name"], "rev": e["rev"], "baseline": e.get("baseline"), "method": evolve.get("method"),
+                     "items": {split: items.get(split) for split in ("train", "in_distribution", "heldout")},
                      "budget": {k: evolve.get(k) for k in BUDGET_KEYS},
                      "evolve": e["metrics"][EVOLVE_METRICS], "trinity": e["metrics"][EVAL_METRICS].get("trinity", {})})
     if not rows:
@@ -91,7 +95,23 @@ def render(rows: list[dict]) -> str:
                      f"| {_num(ev.get('best_candidate_fitness'))} | {_num(t.get('avg_in_distribution'))} | "
                      f"{_num(t.get('avg_heldout'))} | " + " | ".join(_num(t.get(k)) for k in benches)
                      + f" | {ev.get('calls_made', '—')} |")
-    lines += ["", "Experiments: " + ", ".join(f"{r['name']} ({str(r['rev'])[:7]})" for r in rows)
+    bases = sorted({str(r["baseline"])[:7] for r in rows if r.get("baseline")})
+    items = rows[0]["items"]
+
+    def _counts(split: str) -> str:
+        c = items.get(split) or {}
+        return ", ".join(f"{k} {'every item' if v == -1 else v}" for k, v in c.items()) or "—"
+
+    lines += ["", f"Items: training {_counts('train')}; in-distribution evaluation {_counts('in_distribution')}; "
+              f"held-out {_counts('heldout')} (per benchmark; a score on a handful of items moves in steps of "
+              "1/n: read differences against the evaluation's paired intervals, reports/summary.md of each "
+              "experiment). — : no scored item (e.g. the MT-Bench judge gave no rating), hence no average over "
+              "that split.",
+              "", "New LLM calls count only what the shared response store did not already hold when the experiment "
+              "ran (experiments run one after the other, in `make ablation`'s order): they measure the order, "
+              "not the method.",
+              "", "Experiments: " + ", ".join(f"{r['name']} ({str(r['rev'])[:7]})" for r in rows)
+              + (f", of commit {', '.join(bases)}" if bases else "")
               + ". Compare them with `dvc exp show`; MT-Bench scores are on its 1–10 scale.",
               "", "Paper (LiveCodeBench): REINFORCE .253 < random search .374 < sep-CMA-ES .615."]
     return "\n".join(lines) + "\n"
