@@ -45,6 +45,10 @@ run: setup setup-sandbox
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro
 	@echo; cat reports/summary.md
 
+# `dvc exp show` with the columns that compare runs (all of them make a table hundreds of characters wide)
+EXP_SHOW := dvc exp show --no-pager --md --drop '.*' \
+	--keep 'Experiment|evolve.method|saved_fitness|best_candidate_fitness|calls_made|trinity.avg_in_distribution|trinity.avg_heldout'
+
 # The `full` profile: the same pipeline as a DVC experiment that trains for a few hours on 2 cores (24 training
 # items, popsize 12 x 12 tasks x 10 generations) and evaluates on 10 in-distribution items per training benchmark,
 # enough for a paired interval against the best member. `dvc exp show` compares it with the default run. It
@@ -54,7 +58,7 @@ FULL_TRAIN := data.train.math500=8 data.train.mmlu=8 data.train.mbpp=8 \
 	evolve.popsize=12 evolve.episodes_per_candidate=12 evolve.generations=10 evolve.saved_fitness_tasks=24
 run-full: setup setup-sandbox
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --name full $(foreach p,$(FULL_TRAIN),-S $(p))
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp show --only-changed
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/$(EXP_SHOW)
 
 # Every item of every evaluation benchmark (and MATH-500 at every level), as a DVC experiment of the same
 # pipeline. Sized for API pools or GPU servers: with the embedded pool on 2 CPU cores it would take weeks (MMLU
@@ -64,7 +68,7 @@ EVERY_ITEM := data.math500_max_level=5 \
 	data.heldout.aime=-1 data.heldout.bigcodebench_hard=-1 data.heldout.mt_bench=-1 data.heldout.gpqa=-1
 run-every-item: setup setup-sandbox
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --name every-item $(foreach p,$(EVERY_ITEM),-S $(p))
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp show --only-changed
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/$(EXP_SHOW)
 
 # The optimiser ablation (sep-CMA-ES vs REINFORCE vs random search) as DVC experiments of the same pipeline, one
 # per evolve.method on the same budget (params.yaml's evolve.*, or add -S overrides to ABLATION_SET), each run in a
@@ -83,7 +87,7 @@ ablation: setup setup-sandbox
 			echo "ablation-$$m: already run (dvc exp remove ablation-$$m to run it again)"; continue; fi; \
 		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --temp --name ablation-$$m \
 			-S evolve.method=$$m -S data.root=$(DATA_ROOT) $(foreach p,$(ABLATION_SET),-S $(p)) || exit 1; done
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp show --only-changed --no-pager
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/$(EXP_SHOW)
 	$(PY) scripts/ablation_report.py
 
 test: setup
