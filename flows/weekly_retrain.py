@@ -1,9 +1,11 @@
 """Prefect flow `trinity-weekly-retrain` (deployment `weekly-retrain` in prefect.yaml): `dvc repro` in this
 checkout (the pipeline, resumable: what is up to date does not run again), then `dvc push` of the data and the
-checkpoint to the DVC remote. The remote is checked before the pipeline starts, so a missing one fails the run
-before any model is called.
+checkpoint to the DVC remote, then a git commit of dvc.lock and reports/ — the lock file is what names the
+pushed outputs, so a clone at that commit gets them with `dvc pull` — pushed to `git_remote` when one is given.
+The DVC remote, the git work tree and the git remote are checked before the pipeline starts, so a missing one
+fails the run before any model is called.
 
-`python flows/weekly_retrain.py [--dvc-remote NAME]` runs it once, without a deployment.
+`python flows/weekly_retrain.py [--dvc-remote NAME] [--git-remote NAME]` runs it once, without a deployment.
 """
 from _bootstrap import ROOT  # hermetic defaults before prefect is imported
 
@@ -44,6 +46,13 @@ def check_dvc_remote(dvc_remote: str | None) -> str:
     return resolve_dvc_remote(ROOT, dvc_remote)
 
 
+@task(name="check-git", cache_policy=NO_CACHE)
+def check_git(git_remote: str | None) -> str | None:
+    from trinity.deploy import resolve_git_remote
+
+    return resolve_git_remote(ROOT, git_remote)
+
+
 @task(name="dvc-repro", cache_policy=NO_CACHE)
 def dvc_repro() -> None:
     """The pipeline; a stage interrupted half-way resumes where it stopped on the next run (evolve's exact resume
@@ -59,9 +68,36 @@ def dvc_push(remote: str) -> None:
     _run_streaming([sys.executable, "-m", "dvc", "push", "-r", remote])
 
 
+@task(name="git-commit", cache_policy=NO_CACHE)
+def git_commit(remote: str) -> str | None:
+    """dvc.lock and reports/ as the pipeline left them, in a commit of their own (None: nothing changed)."""
+    from prefect.runtime import flow_run
+
+    from trinity.deploy import commit_pipeline_state
+
+    name = flow_run.get_name()
+    commit = commit_pipeline_state(ROOT, f"weekly-retrain{' ' + name if name else ''}: dvc.lock and reports of the "
+                                         f"outputs pushed to DVC remote {remote}")
+    print(f"[retrain] {'committed ' + commit if commit else 'nothing changed in dvc.lock or reports/: no commit'}")
+    return commit
+
+
+@task(name="git-push", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=10),
+      retry_jitter_factor=0.5)
+def git_push(git_remote: str) -> None:
+    _run_streaming(["git", "push", git_remote, "HEAD"])
+
+
 @task(name="publish-retrain-summary", cache_policy=NO_CACHE)
-def publish_summary(remote: str) -> str:
-    lines = ["# Weekly retrain", "", f"`dvc repro` then `dvc push -r {remote}` in `{ROOT}`.", ""]
+def publish_summary(remote: str, commit: str | None, git_remote: str | None) -> str:
+    import subprocess as sp
+
+    head = commit or sp.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    lines = ["# Weekly retrain", "", f"`dvc repro` then `dvc push -r {remote}` in `{ROOT}`.", "",
+             (f"dvc.lock and reports/ committed as `{commit}`" if commit else
+              f"Nothing changed in dvc.lock or reports/: the outputs are those of `{head or 'no commit yet'}`")
+             + (f", pushed to git remote `{git_remote}`" if git_remote else " (no git_remote: not pushed)")
+             + f". Anywhere: `git checkout {head[:12] or '<commit>'} && dvc pull`.", ""]
     for name, path in (("evolve", "data/evolve/metrics.json"), ("evaluate", "data/eval/metrics.json")):
         p = ROOT / path
         if p.exists():
@@ -72,12 +108,17 @@ def publish_summary(remote: str) -> str:
 
 
 @flow(name="trinity-weekly-retrain", log_prints=True)
-def weekly_retrain_flow(dvc_remote: str | None = None) -> dict:
-    """`dvc repro`, then `dvc push` to `dvc_remote` (None: the checkout's default DVC remote)."""
+def weekly_retrain_flow(dvc_remote: str | None = None, git_remote: str | None = None) -> dict:
+    """`dvc repro`, then `dvc push` to `dvc_remote` (None: the checkout's default DVC remote), then a commit of
+    dvc.lock and reports/, pushed to `git_remote` (None: kept in the checkout)."""
     remote = check_dvc_remote(dvc_remote)
+    check_git(git_remote)
     dvc_repro()
     dvc_push(remote)
-    return {"remote": remote, "artifact": publish_summary(remote)}
+    commit = git_commit(remote)
+    if git_remote:
+        git_push(git_remote)
+    return {"remote": remote, "commit": commit, "artifact": publish_summary(remote, commit, git_remote)}
 
 
 if __name__ == "__main__":
@@ -85,4 +126,6 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=weekly_retrain_flow.__doc__)
     ap.add_argument("--dvc-remote", default=None)
-    weekly_retrain_flow(ap.parse_args().dvc_remote)
+    ap.add_argument("--git-remote", default=None)
+    args = ap.parse_args()
+    weekly_retrain_flow(args.dvc_remote, args.git_remote)

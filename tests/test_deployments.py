@@ -107,6 +107,12 @@ def project(tmp_path_factory, llm):
         "cmd": "python -c \"import json; m = json.load(open('data/checkpoints/coordinator.json')); "
                "json.dump({'n_params': m['n_params']}, open('data/checkpoint-summary.json', 'w'))\"",
         "deps": ["data/checkpoints/coordinator.json"], "outs": ["data/checkpoint-summary.json"]}}}))
+    # committed, as a user's checkout is, with a git remote (a bare repository) weekly-retrain may push to
+    (repo / ".gitignore").write_text("data/\n__pycache__/\n*.egg-info/\n")
+    _sh(["git", "add", "-A"], repo, env)
+    _sh(["git", "commit", "-q", "-m", "tiny project"], repo, env)
+    _sh(["git", "init", "-q", "--bare", str(tmp / "origin.git")], repo, env)
+    _sh(["git", "remote", "add", "origin", str(tmp / "origin.git")], repo, env)
     return repo
 
 
@@ -183,6 +189,7 @@ def test_bad_deployments_are_refused_by_name_before_anything_is_registered(proje
     nightly["schedules"].append({"cron": "0 2 * * *", "timezone": "Mars/Olympus"})
     nightly["work_pool"] = {"name": "no-such-pool"}
     retrain["parameters"]["dvc_remote"] = "no-such-remote"
+    retrain["parameters"]["git_remote"] = "no-such-git-remote"
     bad_file = tmp_path / "prefect.yaml"
     bad_file.write_text(yaml.safe_dump(bad, sort_keys=False))
     calls = llm.request_count
@@ -195,7 +202,9 @@ def test_bad_deployments_are_refused_by_name_before_anything_is_registered(proje
         + prefect["url"] in err
     assert "deployments[weekly-retrain].parameters.dvc_remote: DVC remote 'no-such-remote' is not configured in " \
         + str(project / ".dvc" / "config") in err
-    assert "4 problem(s)" in err
+    assert "deployments[weekly-retrain].parameters.git_remote: git remote 'no-such-git-remote' is not configured in " \
+        + f"{project}; configured remotes: ['origin']" in err
+    assert "5 problem(s)" in err
     deployments = httpx.post(f"{prefect['url']}/deployments/filter", json={}, timeout=10).json()
     assert deployments == [] and llm.request_count == calls  # nothing registered, no model called
 
@@ -288,7 +297,11 @@ def test_weekly_retrain_checks_the_remote_first_then_reproduces_and_pushes(proje
     assert bad["state"]["type"] == "FAILED" and "DVC remote 'no-such-remote' is not configured" in \
         bad["state"]["message"], bad["state"]
     assert not (project / "dvc.lock").exists()  # refused before the pipeline ran
-    run = _wait_for_run(prefect, _trigger(project, prefect, retrain))
+    bad_git = _wait_for_run(prefect, _trigger(project, prefect, retrain, "git_remote=nowhere"))
+    assert bad_git["state"]["type"] == "FAILED" and "git remote 'nowhere' is not configured" in \
+        bad_git["state"]["message"] and "origin" in bad_git["state"]["message"], bad_git["state"]
+    assert not (project / "dvc.lock").exists()
+    run = _wait_for_run(prefect, _trigger(project, prefect, retrain, "git_remote=origin"))
     assert run["state"]["type"] == "COMPLETED", (run["state"], (prefect["logs"] / "worker.log").read_text()[-4000:])
     assert json.loads((project / "data/checkpoint-summary.json").read_text())["n_params"] > 0
     assert "checkpoint-summary" in (project / "dvc.lock").read_text()
@@ -298,10 +311,25 @@ def test_weekly_retrain_checks_the_remote_first_then_reproduces_and_pushes(proje
     shutil.rmtree(project / ".dvc" / "cache")
     _sh(["dvc", "pull", "data/checkpoint-summary.json"], project, env)
     assert json.loads((project / "data/checkpoint-summary.json").read_text())["n_params"] > 0
+    # dvc.lock, which names the pushed outputs, committed and pushed: a clone of the git remote pulls them
+    git_env = {**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t"}
+    head = _sh(["git", "log", "-1", "--format=%H %s"], project, git_env).stdout.split(" ", 1)
+    assert head[1].startswith("weekly-retrain ") and "DVC remote local" in head[1], head
+    assert "checkpoint-summary" in _sh(["git", "show", "HEAD:dvc.lock"], project, git_env).stdout
+    assert _sh(["git", "status", "--porcelain", "--", "dvc.lock"], project, git_env).stdout == ""
+    clone = tmp_path / "clone"
+    _sh(["git", "clone", "-q", str(project.parent / "origin.git"), str(clone)], tmp_path, git_env)
+    assert _sh(["git", "rev-parse", "HEAD"], clone, git_env).stdout.strip() == head[0]
+    _sh(["dvc", "pull", "data/checkpoint-summary.json"], clone, env)
+    assert (clone / "data/checkpoint-summary.json").read_text() == \
+        (project / "data/checkpoint-summary.json").read_text()
     (artifact,) = _artifacts(prefect, "weekly-retrain-summary")
     assert artifact["flow_run_id"] == run["id"] and "dvc push -r local" in artifact["data"]
+    assert f"committed as `{head[0]}`" in artifact["data"] and "pushed to git remote `origin`" in artifact["data"]
     print(f"\n[deployments] weekly-retrain runs: {bad['id']} {bad['state']['type']} ({bad['state']['message']}); "
-          f"{run['id']} {run['state']['type']}; artifact key weekly-retrain-summary")
+          f"{bad_git['id']} {bad_git['state']['type']} ({bad_git['state']['message']}); "
+          f"{run['id']} {run['state']['type']}, commit {head[0][:12]}; artifact key weekly-retrain-summary")
 
 
 def test_comparison_flags_only_drops_beyond_the_threshold():

@@ -9,7 +9,11 @@ problem is reported at once, each naming the file, the deployment and the key:
 - schedules: each cron expression and timezone valid (Prefect's own validators);
 - work pool: exists on that API;
 - entrypoint: the file and the flow exist; parameters: valid for the flow's signature, the params file loads;
-- DVC: a flow that pushes to a DVC remote (a `dvc_remote` parameter) finds that remote in the checkout.
+- DVC: a flow that pushes to a DVC remote (a `dvc_remote` parameter) finds that remote in the checkout;
+- git: a flow that pushes its commit to a git remote (a `git_remote` parameter) finds that remote too.
+
+Also here: `commit_pipeline_state`, weekly-retrain's record of what it pushed (dvc.lock is the only pointer to
+the pushed outputs: without it in git, nobody else can `dvc pull` them).
 """
 from __future__ import annotations
 
@@ -28,6 +32,10 @@ class DeploymentConfigError(ValueError):
 
 class DvcRemoteError(ValueError):
     """The DVC remote a flow pushes to is not configured in the checkout."""
+
+
+class GitError(ValueError):
+    """The checkout is not a git repository, a git remote is not configured, or a git command failed."""
 
 
 def load_prefect_file(path: Path) -> list[dict[str, Any]]:
@@ -61,6 +69,50 @@ def resolve_dvc_remote(root: Path, remote: str | None) -> str:
         raise DvcRemoteError(f"DVC remote {name!r} is not configured in {config_file} (or config.local); "
                              f"configured remotes: {remotes or 'none'}")
     return name
+
+
+def _git(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise GitError(f"`git {' '.join(args)}` failed in {root} (exit {r.returncode}): "
+                       f"{(r.stderr or r.stdout).strip()}")
+    return r
+
+
+def resolve_git_remote(root: Path, remote: str | None) -> str | None:
+    """Check that root is a git work tree and, when `remote` is given, that the remote is configured there;
+    raises GitError naming what is missing and where."""
+    if _git(root, "rev-parse", "--is-inside-work-tree", check=False).returncode != 0:
+        raise GitError(f"{root} is not a git work tree: weekly-retrain records the dvc.lock of what it pushed in a "
+                       "git commit (`git init`, or run it in a clone)")
+    if remote is None:
+        return None
+    if _git(root, "remote", "get-url", remote, check=False).returncode != 0:
+        remotes = _git(root, "remote").stdout.split()
+        raise GitError(f"git remote {remote!r} is not configured in {root}; configured remotes: {remotes or 'none'}")
+    return remote
+
+
+# What a pipeline run changes in git: the lock file that names every output by hash, the reports (in git), and
+# the .gitignore entries DVC writes for new outputs.
+PIPELINE_STATE_PATHS = ("dvc.lock", "reports", ":(glob)**/.gitignore")
+FALLBACK_AUTHOR = ("trinity-weekly-retrain", "trinity-weekly-retrain@localhost")
+
+
+def commit_pipeline_state(root: Path, message: str) -> str | None:
+    """Commit what the pipeline changed in git (PIPELINE_STATE_PATHS) and nothing else — other edits in the
+    checkout stay as they are. Returns the new commit, or None when nothing changed (the current commit
+    already names these outputs). A checkout without a git identity commits as FALLBACK_AUTHOR."""
+    status = _git(root, "status", "--porcelain", "-z", "--untracked-files=all", "--", *PIPELINE_STATE_PATHS).stdout
+    changed = [entry[3:] for entry in status.split("\0") if len(entry) > 3]
+    if not changed:
+        return None
+    _git(root, "add", "-A", "--", *changed)
+    identity: list[str] = []
+    if not _git(root, "config", "user.email", check=False).stdout.strip():
+        identity = ["-c", f"user.name={FALLBACK_AUTHOR[0]}", "-c", f"user.email={FALLBACK_AUTHOR[1]}"]
+    _git(root, *identity, "commit", "-q", "-m", message, "--", *changed)
+    return _git(root, "rev-parse", "HEAD").stdout.strip()
 
 
 def _schedule_problems(where: str, schedules: Any) -> list[str]:
@@ -186,6 +238,11 @@ def _parameter_problems(root: Path, where: str, flow, parameters: dict) -> list[
             resolve_dvc_remote(root, args["dvc_remote"])
         except DvcRemoteError as e:
             problems.append(f"{where}.parameters.dvc_remote: {e}")
+    if "git_remote" in args:
+        try:
+            resolve_git_remote(root, args["git_remote"])
+        except GitError as e:
+            problems.append(f"{where}.parameters.git_remote: {e}")
     if "drop_threshold" in args:
         from trinity.nightly import check_threshold
 
