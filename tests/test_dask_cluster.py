@@ -3,6 +3,7 @@ processes (under tests/process_supervisor.py, so none outlives the test) run one
 exactly the in-process thread runner's; the workers never open the store, report to this process's Prefect API
 (none starts an API server of its own), and are all gone at the end. An unreachable scheduler fails at once,
 naming the address and the key, before any model is called."""
+import json
 import os
 import socket
 import sys
@@ -194,3 +195,66 @@ def test_a_port_that_is_no_scheduler_or_has_no_worker_fails_fast(tmp_path):
         assert f"evolve.dask_address: the Dask scheduler at {address} has no worker (waited 2 s)" in message
         sup.descendants()
     assert alive(sup.seen) == []
+
+
+def _sh(cmd, cwd, env, timeout=900) -> str:
+    import subprocess
+
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{cmd} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    return r.stdout + r.stderr
+
+
+@pytest.mark.slow  # prepare + encode + evolve twice (threads, then the cluster), as `dvc repro` runs them: ~4-6 min
+def test_dvc_repro_evolve_on_the_cluster_equals_threads(cluster, tmp_path, root):
+    """What `dvc repro` / `dvc exp run -S evolve.task_runner=dask -S evolve.dask_address=...` runs: `python
+    flows/evolve.py` — a flow script whose stage task runs inside a real (offline) W&B run — in a copy of the
+    checkout with its own src/ (as `dvc exp run --temp` makes one), on workers that import the installed trinity.
+    Every task the stage submits carries the stage task's Prefect context to the workers, so that context must
+    unpickle there (a function of flows/ does not; a W&B run does not pickle). The checkpoint equals the thread
+    runner's, from the same calls paid again on a fresh store."""
+    import shutil
+
+    import yaml
+    from distributed import Client
+
+    from trinity.config import PROJECT_ROOT
+
+    address, sup, _ = cluster
+    project = tmp_path / "project"
+    project.mkdir()
+    for item in ("dvc.yaml", "flows", "src"):
+        src = PROJECT_ROOT / item
+        (shutil.copytree(src, project / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+         if src.is_dir() else shutil.copy(src, project / item))
+    tiny = {**SETTINGS, "data": {"root": str(root), "train": {"math500": 2}, "in_distribution": {"math500": 1},
+                                 "heldout": {"gsm8k": 1}, "math500_max_level": 1}}
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny))
+    full = load_settings(project / "params.yaml").model_dump(exclude={"source_path"})  # DVC wants every key
+    (project / "params.yaml").write_text(yaml.safe_dump(full, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if k not in ("TRINITY_DATA_DIR", "PREFECT_API_URL")}
+    env.update({"PATH": f"{Path(sys.executable).parent}:{env['PATH']}", "PREFECT_HOME": str(tmp_path / "prefect"),
+                "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb")})
+    _sh(["git", "init", "-q"], project, env)
+    _sh(["dvc", "init", "-q"], project, env)
+    checkpoint = project / "data/checkpoints/coordinator.npy"
+
+    out = _sh(["dvc", "repro", "evolve"], project, env)
+    assert "Running stage 'evolve'" in out
+    threads = np.load(checkpoint)
+    metrics = json.loads((project / "data/evolve/metrics.json").read_text())
+
+    shutil.rmtree(project / "data/store")  # every call paid again, now on the cluster
+    full["evolve"].update(task_runner="dask", dask_address=address)
+    (project / "params.yaml").write_text(yaml.safe_dump(full, sort_keys=False))
+    out = _sh(["dvc", "repro", "evolve"], project, env)
+    assert "Running stage 'evolve'" in out and "Running stage 'encode'" not in out
+    np.testing.assert_array_equal(np.load(checkpoint), threads)
+    on_cluster = json.loads((project / "data/evolve/metrics.json").read_text())
+    same = ("calls_made", "store_hits", "saved_fitness", "best_candidate_fitness", "failed_calls")
+    assert {k: on_cluster[k] for k in same} == {k: metrics[k] for k in same} and metrics["calls_made"] > 0
+    with Client(address, timeout=30, set_as_default=False) as client:
+        loaded = client.run(lambda: __import__("trinity.pool.local", fromlist=["LOADS"]).LOADS)
+    # the calls ran in the workers started here (the stage's own process loads no model under dask)
+    assert any(loaded.values()), loaded
+    assert "ModuleNotFoundError" not in out and "Can't pickle" not in out

@@ -423,10 +423,9 @@ def test_llm_bound_tasks_retry_an_outage_with_backoff_and_jitter_but_not_bad_inp
     from prefect.cache_policies import NO_CACHE
     from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
 
-    sys.path.insert(0, str(PROJECT_ROOT / "flows"))
-    import _bootstrap
+    from trinity.stage_flow import LLM_BOUND_RETRIES
 
-    opts = _bootstrap.LLM_BOUND_RETRIES
+    opts = LLM_BOUND_RETRIES
     assert opts["retries"] == 2 and opts["retry_delay_seconds"](2) == [60, 120] and opts["retry_jitter_factor"] == 0.5
     attempts = []
     errors = {"outage": ConnectionError, "bad input": ValueError}

@@ -431,11 +431,12 @@ def _stage_reads(stage: str) -> set[Path]:
     mods |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
              and n.module.startswith("trinity")}
     files = {stages_py, PROJECT_ROOT / f"flows/{stage}.py", PROJECT_ROOT / "flows/_bootstrap.py"}
-    mods |= _trinity_imports(ast.parse((PROJECT_ROOT / "flows/_bootstrap.py").read_text())) - {"trinity.stages"}
+    for flow_file in (PROJECT_ROOT / "flows/_bootstrap.py", PROJECT_ROOT / f"flows/{stage}.py"):
+        mods |= _trinity_imports(ast.parse(flow_file.read_text())) - {"trinity.stages"}
     todo = list(mods)
     while todo:
         mod = todo.pop()
-        if mod.split(".")[:2] in (["trinity", "tracking"], ["trinity", "tracking_redact"]):
+        if mod.split(".")[:2] in (["trinity", "tracking"], ["trinity", "tracking_redact"], ["trinity", "wandb_report"]):
             continue  # W&B logging: it writes no DVC output (a run's log is not a result)
         p = _module_file(mod)
         if p is None or p in files:

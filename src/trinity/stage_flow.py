@@ -1,0 +1,127 @@
+"""The tasks a stage flow is made of (`run_stage`: load-params, the stage, publish-artifacts) and the retry policy
+of every task that calls models (`LLM_BOUND_RETRIES`).
+
+A package module, not a flow script's: a Dask worker unpickles every task it runs together with the Prefect
+context it was submitted from, which names the enclosing stage task, so that task's function must be importable
+wherever trinity is installed (a function of `flows/` is not). Import it after `flows/_bootstrap.py` (its hermetic
+defaults come before Prefect is imported); the stage's project root is the checkout this module was imported from
+(`_bootstrap` puts the checkout's `src/` first on sys.path).
+"""
+import os
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
+
+from trinity.config import PROJECT_ROOT as ROOT
+
+BAD_INPUT = (ValueError, FileNotFoundError)
+"""What no retry can fix: invalid params, a missing input file, a checkpoint that does not fit the params."""
+
+
+def retry_unless_bad_input(task, task_run, state) -> bool:
+    """Retry filter of LLM-bound tasks: an outage or a timeout is retried, bad input fails at once."""
+    return not isinstance(state.result(raise_on_failure=False), BAD_INPUT)
+
+
+LLM_BOUND_RETRIES = dict(retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=60), retry_jitter_factor=0.5,
+                         retry_condition_fn=retry_unless_bad_input)
+"""Retries of a task that calls models: 60 s then 120 s (each ±50% jitter). A retried stage pays no call twice: the
+store keeps every reply the failed attempt got, and evolve resumes from its last generation."""
+LLM_BOUND_STAGES = frozenset({"evolve", "evaluate"})
+EVAL_SCORES_ARTIFACT_KEY = "trinity-eval-scores"
+
+
+def summary_artifact_key(stage: str) -> str:
+    return f"trinity-{stage}-summary"
+
+
+@task(name="load-params", cache_policy=NO_CACHE)
+def load_params(params: str):
+    """params.yaml (or another file), validated: a bad key fails here, naming the file and the key."""
+    from trinity.config import load_settings
+
+    return load_settings(params if os.path.isabs(params) else ROOT / params)
+
+
+_TRACKERS: dict[str, object] = {}
+"""The W&B run of each stage task running in this process, by id. The task takes the id, not the run: a task's
+parameters travel in the Prefect context of every task it submits (evolve's node expansions, to Dask workers),
+and a W&B run does not pickle."""
+
+
+def run_stage_task(name: str, settings, tracker_id: str) -> dict:
+    """The stage task's body: trinity.stages.run_stage, logging to the W&B run registered under tracker_id."""
+    from trinity import stages
+
+    return stages.run_stage(name, settings, stages.Paths(ROOT), tracker=_TRACKERS[tracker_id])
+
+
+def _markdown(stage: str, summary: dict) -> str:
+    import json
+
+    lines = [f"# trinity {stage}", "", "| key | value |", "|---|---|"]
+    for k, v in summary.items():
+        text = v if isinstance(v, str) else json.dumps(v, default=str)
+        lines.append(f"| {k} | {text[:300].replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def eval_scores_table(results: dict) -> list[dict]:
+    """data/eval/results.json as one row per benchmark and method (docs/eval_results_schema.md)."""
+    split = {b["name"]: b["split"] for b in results.get("benchmarks", [])}
+    rows = []
+    for method, per in results.get("scores", {}).items():
+        for bench, cell in per.items():
+            ci = cell.get("ci95") or [None, None]
+            rows.append({"benchmark": bench, "split": split.get(bench), "method": method, "score": cell.get("score"),
+                         "ci95_low": ci[0], "ci95_high": ci[1], "n": cell.get("n"), "calls_new": cell.get("calls_new")})
+    return sorted(rows, key=lambda r: (r["split"] or "", r["benchmark"]))
+
+
+@task(name="publish-artifacts", cache_policy=NO_CACHE)
+def publish_artifacts(stage: str, summary: dict) -> list[str]:
+    """The stage's summary as a markdown artifact, under a stable key (one version per run); evaluate adds the
+    per-benchmark table."""
+    import json
+
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    from trinity.stages import Paths
+
+    keys = [summary_artifact_key(stage)]
+    create_markdown_artifact(_markdown(stage, summary), key=keys[0], description=f"trinity {stage} stage summary")
+    results = Paths(ROOT).eval_dir / "results.json"
+    if stage == "evaluate" and results.exists():
+        create_table_artifact(eval_scores_table(json.loads(results.read_text())), key=EVAL_SCORES_ARTIFACT_KEY,
+                              description="every method's score per benchmark, with its 95% interval")
+        keys.append(EVAL_SCORES_ARTIFACT_KEY)
+    return keys
+
+
+def run_stage(name: str, params: str = "params.yaml", timeout_minutes: float | None = None) -> dict:
+    """The body of every stage flow, as tasks: load-params (validated params), the stage itself (a task named
+    after it: trinity.stages.run_stage inside the stage's W&B run; models are called in evolve and evaluate,
+    which retry an outage with exponential backoff and jitter and stop after `timeout_minutes`), and
+    publish-artifacts. No Prefect result cache here: what is costly to recompute — every LLM reply and hidden
+    state — is cached across runs by content in the store, and stage outputs by DVC; a cached summary would stand
+    for files it does not rebuild."""
+    import uuid
+
+    from trinity.tracking import StageRun
+
+    settings = load_params(params)
+    options = dict(LLM_BOUND_RETRIES) if name in LLM_BOUND_STAGES else {}
+    if timeout_minutes is not None:
+        options["timeout_seconds"] = timeout_minutes * 60
+    stage_task = task(run_stage_task, name=name, cache_policy=NO_CACHE, **options)
+    tracker_id = uuid.uuid4().hex
+    with StageRun(settings, name, root=ROOT) as run:
+        _TRACKERS[tracker_id] = run
+        try:
+            out = stage_task(name, settings, tracker_id)
+        finally:
+            _TRACKERS.pop(tracker_id, None)
+        run.summary(out)
+    publish_artifacts(name, out)
+    print(f"[{name}] {out}")
+    return out
