@@ -58,7 +58,8 @@ class StandInModel:
         filler = " ".join(f"step {i}: we simplify the expression and check the intermediate value {h[i % 32]}."
                           for i in range(4 + h[0] % 8))
         if "ACCEPT or REJECT" in text:
-            reply = ("ACCEPT. The computation is consistent." if h[1] % 2 else "REJECT. The final step is wrong.")
+            reply = ("The computation is consistent.\nVerdict: ACCEPT" if h[1] % 2
+                     else "The final step is wrong.\nVerdict: REJECT")
         elif "<suggestion>" in text:
             role = ("worker", "verifier", "worker", None)[h[2] % 4]
             reply = f"<suggestion>{filler[:300]}</suggestion>" + (f"<suggested_role>{role}</suggested_role>" if role else "")

@@ -463,14 +463,12 @@ class Diagnosis:
             if not ok:
                 by[name]["failed"] += 1
                 continue
-            v = parse_verdict(text)
-            has_word = any(w in text.lower() for w in ("accept", "reject"))
-            by[name][v if (has_word or v == "ACCEPT") else "REJECT(default: no verdict word)"] += 1
+            by[name][parse_verdict(text) or "no verdict field"] += 1
         for name in self.names:
             c = by.get(name, Counter())
             n = sum(c.values())
-            print(f"  {name:16s} n={n:3d} ACCEPT={c['ACCEPT']:3d} ({c['ACCEPT'] / max(n, 1):.0%})  explicit REJECT="
-                  f"{c['REJECT']:3d}  no verdict word={c['REJECT(default: no verdict word)']:3d}  failed={c['failed']}")
+            print(f"  {name:16s} n={n:3d} ACCEPT={c['ACCEPT']:3d} ({c['ACCEPT'] / max(n, 1):.0%})  REJECT="
+                  f"{c['REJECT']:3d}  no verdict field={c['no verdict field']:3d}  failed={c['failed']}")
         ev_v = Counter()
         for r in self.eval_rows:
             for t in r["turns"]:

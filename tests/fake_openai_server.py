@@ -51,6 +51,8 @@ class RequestRecord:
     answered: bool = False
     retry_after_until: float | None = None
     """For 429 modes: the earliest time (time.time()) a well-behaved client may send its next request."""
+    response_format: Any = None
+    """The request's `response_format` (structured outputs), as sent; None when absent."""
 
 
 def usage_for(messages: list[dict[str, Any]], reply: str) -> tuple[int, int]:
@@ -221,6 +223,7 @@ class _Handler(BaseHTTPRequestHandler):
         rec, mode = self.fake._begin(self.headers.get("X-Fake-Mode"), model,
                                      self.headers.get("Authorization") or "")
         self._rec = rec
+        rec.response_format = body.get("response_format")
         try:
             if not self.path.rstrip("/").endswith("/chat/completions"):
                 self._json(404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}})

@@ -1,7 +1,8 @@
 """The episode loop as it was before the hot-path work (commit 4a14eb0), kept verbatim as the reference the
 optimised `play_episodes` must reproduce: tests/test_episode_hotpath.py and bench/generation_cached.py
 compare the two on the same inputs. It renders and hashes every transcript each turn, computes one head
-product per episode, and sends one `pool.complete` coroutine per request."""
+product per episode, and sends one `pool.complete` coroutine per request. One rule added since: an outage (a
+transiently failed call) marks the episode (`outage`: no reward) and, with `stop_on_outage`, ends it."""
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,8 @@ from trinity.records import Task
 
 
 async def reference_play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray], pool, states: StateCache,
-                                  max_turns: int, reward: RewardSettings, grade: Callable[[Task, str], float]) -> None:
+                                  max_turns: int, reward: RewardSettings, grade: Callable[[Task, str], float],
+                                  stop_on_outage: bool = False) -> None:
     n_models = len(pool)
     active = [e for e in episodes if not e.done]
     while active:
@@ -43,6 +45,11 @@ async def reference_play_episodes(episodes: Sequence[Episode], heads: Sequence[n
             turn = make_turn(pool.names[m], role, resp.text, resp.ok)
             e.turns += (turn,)
             e.cost_usd += resp.cost_usd
+            if resp.failure == "transient":
+                e.outage = True
+                if stop_on_outage:
+                    e.done = True
+                    continue
             if role is Role.THINKER:
                 e.forced_role = forced_role(turn, latest_answer(e.turns))
             if (role is Role.VERIFIER and turn.verdict == "ACCEPT") or len(e.turns) >= max_turns:

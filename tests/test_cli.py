@@ -50,11 +50,11 @@ def run(project, capsys, monkeypatch):
 def test_help_documents_every_command_and_option(capsys):
     assert cli.main(["--help"]) == 0
     top = capsys.readouterr().out
-    for cmd in ("ask", "trace", "serve", "stage", "report", "check-graders"):
+    for cmd in ("ask", "trace", "serve", "stage", "report", "export", "check-graders"):
         assert cmd in top
     assert "Exit codes" in top and "3 a pool failure" in top
     group = typer.main.get_command(cli.app)
-    assert sorted(group.commands) == ["ask", "check-graders", "report", "serve", "stage", "trace"]
+    assert sorted(group.commands) == ["ask", "check-graders", "export", "report", "serve", "stage", "trace"]
     for name, command in group.commands.items():
         assert command.help, name
         for param in command.params:

@@ -26,7 +26,7 @@ def grade(task, text):
 def make_pool(store, verdict="ACCEPT", suggested="worker"):
     """suggested=None: the Thinker's reply carries no <suggested_role> (the head's role pick stands)."""
     tag = "" if suggested is None else f"<suggested_role>{suggested}</suggested_role>"
-    replies = {"worker": "2+3=5 so \\boxed{5}", "verifier": f"{verdict}. fine",
+    replies = {"worker": "2+3=5 so \\boxed{5}", "verifier": f"fine\nVerdict: {verdict}",
                "thinker": f"<suggestion>add</suggestion>{tag}"}
     models = [ScriptedModel("a", replies), ScriptedModel("b", replies)]
     settings = [PoolMember(name=m.name, backend="local", model="x") for m in models]
@@ -40,11 +40,10 @@ def head_forcing(model: int, role: int, dim=8, n_models=2):
 
 
 def test_parsers():
-    assert parse_verdict("ACCEPT - looks right") == "ACCEPT"
-    assert parse_verdict("**REJECT** wrong") == "REJECT"
-    assert parse_verdict("I think we should accept this") == "ACCEPT"
-    assert parse_verdict("Should we accept? No, reject.") == "REJECT"
-    assert parse_verdict("hmm") == "REJECT"
+    assert parse_verdict("looks right\nVerdict: ACCEPT") == "ACCEPT"
+    assert parse_verdict("wrong\n**Verdict:** REJECT") == "REJECT"
+    assert parse_verdict("I think we should accept this") is None  # free text without the field: no verdict
+    assert parse_verdict("hmm") is None
     s, r = parse_thinker("<suggestion>check units</suggestion>\n<suggested_role>verifier</suggested_role>")
     assert s == "check units" and r is Role.VERIFIER
     assert parse_thinker("no tags")[1] is None

@@ -32,7 +32,7 @@ class HashModel:
         if h[4] % 11 == 0:
             return ChatResponse(text="", ok=False, error="boom", model=self.model_id)
         if "ACCEPT or REJECT" in text:
-            reply = "ACCEPT — looks \"right\"" if h[0] % 2 else "REJECT\tno"
+            reply = "looks \"right\"\nVerdict: ACCEPT" if h[0] % 2 else "no\n**Verdict:** REJECT"
         elif "<suggestion>" in text:
             role = ["worker", "verifier", "thinker", None][h[2] % 4]
             reply = f"<suggestion>try «{h[1]}»\nagain</suggestion>" + (f"<suggested_role>{role}</suggested_role>" if role else "")
@@ -79,15 +79,16 @@ def _episodes(n_cand, sample=True, gen=0, bulk=False):
 
 def _summary(eps):
     return [(e.candidate, e.task.id, e.path, [(t.model, t.role, t.text, t.ok) for t in e.turns], e.reward, e.correct,
-             round(e.cost_usd, 12), e.verifier_first) for e in eps]
+             round(e.cost_usd, 12), e.verifier_first, e.outage) for e in eps]
 
 
-@pytest.mark.parametrize("with_store", [True, False])
-def test_optimised_loop_equals_reference(tmp_path, with_store):
+@pytest.mark.parametrize("with_store,stop_on_outage", [(True, False), (False, False), (True, True)])
+def test_optimised_loop_equals_reference(tmp_path, with_store, stop_on_outage):
     rng = np.random.default_rng(3)
     heads = [rng.standard_normal((6, 16)) * s for s in (0.5, 2, 8, 30) for _ in range(6)]
     reward = RewardSettings(diversity_weight=0.15, turn_penalty_weight=0.1, cost_weight=0.5)
     trees = RolloutTrees()
+    outages = 0
     for gen, sample in [(0, True), (1, True), (2, False)]:
         outs = {}
         for name in ("reference", "optimised"):
@@ -97,9 +98,11 @@ def test_optimised_loop_equals_reference(tmp_path, with_store):
                 states = StateCache(HashEncoder(), store)
                 eps = _episodes(len(heads), sample, gen, bulk=name == "optimised")
                 if name == "reference":
-                    asyncio.run(reference_play_episodes(eps, heads, pool, states, 4, reward, grade))
+                    asyncio.run(reference_play_episodes(eps, heads, pool, states, 4, reward, grade,
+                                                        stop_on_outage=stop_on_outage))
                 else:
-                    asyncio.run(play_episodes(eps, heads, pool, states, 4, reward, grade, trees=trees))
+                    asyncio.run(play_episodes(eps, heads, pool, states, 4, reward, grade, trees=trees,
+                                              stop_on_outage=stop_on_outage))
                     for e in eps:  # incremental keys == hash of the rendered transcript
                         assert e.node.key == text_key(coordinator_text(e.task, e.turns))
                 outs[name] = (_summary(eps), pool.stats.calls_made, pool.stats.store_hits,
@@ -109,6 +112,8 @@ def test_optimised_loop_equals_reference(tmp_path, with_store):
                     store.close()
         assert outs["optimised"] == outs["reference"]
         assert outs["optimised"][1] > 0 or with_store
+        outages += sum(row[-1] for row in outs["optimised"][0])
+    assert outages  # some episodes hit an outage (HashModel's failures): the rule is exercised
 
 
 def test_keep_features_records_each_pick(tmp_path):

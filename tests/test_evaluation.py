@@ -33,7 +33,7 @@ class EchoWorker(ScriptedModel):
     """Answers math right (or wrong), and MT-Bench turns with a text naming the turn it saw."""
 
     def __init__(self, name, right: bool):
-        super().__init__(name, {"verifier": "ACCEPT", "thinker": "<suggestion>go</suggestion>"})
+        super().__init__(name, {"verifier": "Verdict: ACCEPT", "thinker": "<suggestion>go</suggestion>"})
         self.right = right
         self.seen = []
 
@@ -116,15 +116,20 @@ def test_an_unparseable_judgement_is_counted_never_scored(tmp_path):
     with Store(tmp_path / "s.duckdb") as store:
         run, _, _, judge = _run(store, ScriptedJudge("no rating", "[[4]]"), {"heldout": [MT]}, methods=["alone:good"])
         item = run.items[0]
-        assert item.score == 4.0 and item.judge[0]["error"] == "no [[rating]] in the judge's reply"
+        # turn 1 unrated: the item has no score of its own (not its turn-2 rating alone); turn 2 counts in its cell
+        assert item.score is None and item.judge[0]["error"] == "no [[rating]] in the judge's reply"
+        assert item.unit_scores() == {1: None, 2: 4.0} and "turn 2 rated" in item.error
         assert judge.stats()["unparseable"] == 1
+        cell = summarise(run, resamples=200, seed=0)["scores"]["alone:good"]["mt_bench"]
+        assert (cell["score"], cell["n"], cell["unscored"]) == (4.0, 1, 1)
+        assert cell["turns"]["1"]["score"] is None and cell["turns"]["2"]["score"] == 4.0
     with Store(tmp_path / "t.duckdb") as store:
         run, _, _, judge = _run(store, ScriptedJudge("none", "none"), {"heldout": [MT]}, methods=["alone:good"])
         item = run.items[0]
         assert item.score is None and item.error.startswith("judge gave no rating")
         table = summarise(run, resamples=200, seed=0)
         cell = table["scores"]["alone:good"]["mt_bench"]
-        assert cell["score"] is None and cell["n"] == 0 and cell["unscored"] == 1
+        assert cell["score"] is None and cell["n"] == 0 and cell["unscored"] == 2  # both judgements
 
 
 def test_a_rerun_pays_nothing_not_even_the_judge(tmp_path):
@@ -145,7 +150,8 @@ def test_the_table_oracle_and_paired_intervals(tmp_path):
     t = summarise(run, resamples=500, seed=0)
     assert [b["name"] for b in t["benchmarks"]] == ["math500", "mt_bench"]
     assert t["benchmarks"][1] | {} == {"name": "mt_bench", "split": "heldout", "metric": "judge score (1-10)",
-                                       "scale": 10.0, "n": 1}
+                                       "scale": 10.0, "n": 1, "unit": "judgement", "turns": 2, "units": 2,
+                                       "common_units": 2}
     oracle = next(m for m in t["methods"] if m["method"] == ORACLE)
     assert oracle["kind"] == "oracle" and oracle["picks"]["math500"] == "alone:good"
     assert t["scores"][ORACLE]["math500"]["score"] == 1.0 and t["scores"][ORACLE]["math500"]["calls_new"] == 0
@@ -281,3 +287,130 @@ def test_the_full_profile_trains_longer_and_evaluates_enough_items_for_a_paired_
     budget = lambda s: s.evolve.popsize * s.evolve.episodes_per_candidate * s.evolve.generations  # noqa: E731
     assert budget(full) >= 5 * budget(default)
     assert min(full.data.in_distribution.values()) >= 10
+
+
+# ------------------------------------------------------------------ MT-Bench per turn; pooled paired per split
+def _task(tid: str, source: str, judged: bool = False) -> Task:
+    if judged:
+        return Task(id=tid, source=source, prompt=("q1", "q2"), grader="judge")
+    return Task(id=tid, source=source, prompt=("q",), grader="math", answer="1")
+
+
+def _item(method: str, task: Task, split: str, score=None, turn_scores=None):
+    """A hand-made ItemResult: `score` for a one-unit item; `turn_scores` (None = no valid judgement) for a judged
+    one, recorded as _judge_items records them."""
+    from trinity.evaluation import ItemResult
+
+    judge, error = [], None
+    if turn_scores is not None:
+        judge = [{"turn": k, "score": s, "error": None if s is not None else "no [[rating]] in the judge's reply",
+                  "prompt": "single-v1", "raw": ""} for k, s in enumerate(turn_scores, start=1)]
+        score = None if None in turn_scores else float(np.mean(turn_scores))
+        error = None if score is not None else "judge gave no rating on a turn"
+    return ItemResult(method=method, task=task, split=split, score=score, answer="a", turns=[], path=[],
+                      judge=judge, error=error)
+
+
+MT_A, MT_B = _task("mt_bench/1", "mt_bench", True), _task("mt_bench/2", "mt_bench", True)
+MT_TURNS = {  # per method, per MT-Bench item: (turn 1, turn 2) judgements, None = not valid
+    "trinity": {MT_A: (8.0, None), MT_B: (6.0, 2.0)},
+    "alone:x": {MT_A: (7.0, 5.0), MT_B: (8.0, None)},
+    "alone:y": {MT_A: (5.0, 5.0), MT_B: (5.0, 5.0)},
+    "random-routing": {MT_A: (3.0, 3.0), MT_B: (2.0, 2.0)},
+}
+
+
+def _mt_items(methods=tuple(MT_TURNS)):
+    return [_item(m, t, "heldout", turn_scores=MT_TURNS[m][t]) for m in methods for t in (MT_A, MT_B)]
+
+
+def test_mt_bench_is_scored_per_turn_and_paired_on_the_item_turn_units_both_have():
+    from trinity.evaluation import EvalRun
+
+    t = summarise(EvalRun(_mt_items(("trinity", "alone:x", "random-routing")), {}, 1.0), resamples=300, seed=0)
+    trinity = t["scores"]["trinity"]["mt_bench"]
+    # per turn: over the items whose judgement of that turn is valid
+    assert trinity["turns"]["1"] | {} == {"score": 7.0, "ci95": trinity["turns"]["1"]["ci95"], "n": 2,
+                                         "unscored": 0, "small_sample": True}
+    assert (trinity["turns"]["2"]["score"], trinity["turns"]["2"]["n"], trinity["turns"]["2"]["unscored"]) == \
+        (2.0, 1, 1)
+    # overall: the mean over every valid (item, turn) judgement (FastChat), not over per-item means (8, 4 → 6.0)
+    assert trinity["score"] == pytest.approx((8 + 6 + 2) / 3)
+    assert (trinity["n"], trinity["items"], trinity["unscored"]) == (3, 2, 1)
+    assert t["benchmarks"][0]["common_units"] == 2  # (A, 1) and (B, 1): every method has them valid
+    # the held-out average counts MT-Bench over those common units / 10: the same units for every row
+    assert t["averages"]["trinity"]["heldout"] == pytest.approx((8 + 6) / 2 / 10)
+    assert t["averages"]["alone:x"]["heldout"] == pytest.approx((7 + 8) / 2 / 10)
+    # paired: only the (item, turn) units both methods have valid — (A, 1) and (B, 1) here
+    vs_best, vs_random = t["paired"]["mt_bench"]
+    assert vs_best["b"] == "alone:x" and vs_best["n"] == 2 and vs_best["items"] == 2
+    assert vs_best["diff"] == pytest.approx(((8 - 7) + (6 - 8)) / 2)
+    assert vs_best["turns"]["1"]["diff"] == pytest.approx(-0.5) and vs_best["turns"]["1"]["n"] == 2
+    assert vs_best["turns"]["2"]["n"] == 0 and vs_best["turns"]["2"]["diff"] is None
+    assert vs_best["turns"]["2"]["outcome"] == "no data"
+    # vs random routing: (A, 1), (B, 1), (B, 2) — two turns of item B resampled together
+    assert vs_random["n"] == 3 and vs_random["items"] == 2
+    assert vs_random["diff"] == pytest.approx(((8 - 3) + (6 - 2) + (2 - 2)) / 3)
+    assert vs_random["ci95"] == pytest.approx(paired_bootstrap([8, 6, 2], [3, 2, 2], n_resamples=300, seed=0,
+                                                               clusters=["A", "B", "B"]).as_dict()["ci95"])
+    assert vs_random["turns"]["2"]["n"] == 1 and vs_random["turns"]["2"]["diff"] == 0.0
+
+
+def test_pooled_paired_per_split_against_one_best_member_chosen_on_the_pooled_score():
+    from trinity.evaluation import EvalRun
+
+    plan = {  # in-distribution: math500, mmlu; held-out: gpqa (+ MT-Bench)
+        "math500": {"trinity": [1, 1, 0], "alone:x": [1, 0, 0], "alone:y": [0, 0, 1], "random-routing": [0, 0, 0]},
+        "mmlu": {"trinity": [1, 1], "alone:x": [0, 0], "alone:y": [1, 1], "random-routing": [None, 1]},
+        "gpqa": {"trinity": [0, 1], "alone:x": [1, 1], "alone:y": [0, 0], "random-routing": [0, 0]},
+    }
+    items = []
+    for bench, per in plan.items():
+        split = "heldout" if bench == "gpqa" else "in_distribution"
+        for method, scores in per.items():
+            items += [_item(method, _task(f"{bench}/{i}", bench), split, s) for i, s in enumerate(scores)]
+    items += _mt_items()
+    t = summarise(EvalRun(items, {}, 1.0), resamples=400, seed=0)
+    pooled = t["pooled_paired"]
+    ind = pooled["in_distribution"]
+    assert ind["benchmarks"] == ["math500", "mmlu"] and (ind["items"], ind["units"]) == (5, 5)
+    # pooled scores over the units every method scored (mmlu/0 is unscored for random routing): 4 units
+    assert ind["common_units"] == 4
+    assert ind["scores"]["trinity"] == pytest.approx(3 / 4) and ind["scores"]["alone:y"] == pytest.approx(2 / 4)
+    assert ind["scores"]["alone:x"] == pytest.approx(1 / 4)
+    # one member, the best on the pooled score (not math500's pick x mixed with mmlu's pick y)
+    assert ind["best_single"] == "alone:y" and t["methods"][-1]["picks"]["math500"] == "alone:x"
+    vs_best, vs_random = ind["comparisons"]
+    assert vs_best["b"] == "alone:y" and vs_best["label"] == "best single member on the split, in hindsight"
+    diffs = [1, 1, -1, 0, 0]  # math500/0..2, mmlu/0..1
+    assert vs_best["n"] == 5 and vs_best["diff"] == pytest.approx(sum(diffs) / 5)
+    assert (vs_best["a_better"], vs_best["b_better"]) == (2, 1)
+    assert vs_best["ci95"] == paired_bootstrap([1, 1, 0, 1, 1], [0, 0, 1, 1, 1], n_resamples=400,
+                                               seed=0).as_dict()["ci95"]
+    assert vs_random["n"] == 4 and vs_random["diff"] == pytest.approx((1 + 1 + 0 + 0) / 4)
+    # held out: gpqa items and MT-Bench (item, turn) judgements / 10 on one scale
+    ho = pooled["heldout"]
+    assert ho["benchmarks"] == ["gpqa", "mt_bench"] and (ho["items"], ho["units"], ho["common_units"]) == (4, 6, 4)
+    assert ho["best_single"] == "alone:x" and ho["scores"]["alone:x"] == pytest.approx((1 + 1 + 0.7 + 0.8) / 4)
+    vs_best, vs_random = ho["comparisons"]
+    assert vs_best["n"] == 4 and vs_best["diff"] == pytest.approx((-1 + 0 + 0.1 - 0.2) / 4)
+    assert vs_random["n"] == 5 and vs_random["items"] == 4
+    assert vs_random["diff"] == pytest.approx((0 + 1 + 0.5 + 0.4 + 0) / 5)
+    assert vs_random["ci95"] == pytest.approx(paired_bootstrap(
+        [0, 1, 0.8, 0.6, 0.2], [0, 0, 0.3, 0.2, 0.2], n_resamples=400, seed=0,
+        clusters=["g0", "g1", "A", "B", "B"]).as_dict()["ci95"])
+    json.dumps(t)
+    # the report reads what summarise wrote: the per-turn columns and the pooled rows
+    from trinity import report
+
+    rendered = "\n".join(report.main_table(t) + report.pooled_table(t))
+    assert "mt_bench turn 2 (n=2, 1–10)" in rendered and "mt_bench all turns (n=2x2, 1–10)" in rendered
+    assert "| in-distribution (math500, mmlu) | trinity − alone:y (best single member on the split" in rendered
+
+
+def test_a_cluster_bootstrap_of_one_unit_per_item_is_the_plain_bootstrap():
+    values = [0, 1, 1, 0, 1, 1, 0, 0, 1, 1]
+    assert bootstrap_mean(values, clusters=list(range(10)), seed=4) == bootstrap_mean(values, seed=4)
+    iv = bootstrap_mean([1, 0, 1, 1], clusters=["a", "a", "b", "b"], seed=0)
+    assert (iv.n, iv.clusters, iv.resampled, iv.estimate) == (4, 2, 2, 0.75)
+    assert compare(paired_bootstrap([1] * 8, [0] * 8, clusters=[i // 2 for i in range(8)])) == "too few items"

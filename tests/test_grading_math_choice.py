@@ -104,6 +104,61 @@ def test_one_answer_still_scores(gold, kind, reply):
     assert grade_math(_task(gold, kind), reply) == 1.0
 
 
+# Where the reference is one number, a reply naming several numbers as its final answer is a hedge: in a box
+# ("\\boxed{12, 13}"), in a statement ("Answer: 12 and 13"), or offered with a hedge word after a comma or
+# in an aside ("12, maybe 13", "12 (perhaps 13)") -- also when the last-number fallback reads it.
+NUMBER_LIST_HEDGES = [
+    # (reference, answer_type, reply)  -- the last value named is the reference
+    ("13", "integer", "\\boxed{12, 13}"),
+    ("13", "integer", "\\boxed{12,13}"),
+    ("13", "number", "\\boxed{12; 13}"),
+    ("13", "integer", "\\boxed{x = 12, y = 13}"),
+    ("13", "number", "Answer: 12 and 13"),
+    ("13", "integer", "Answer: 12, 13"),
+]
+
+HEDGE_WORD_AFTER_VALUE = [
+    ("13", "integer", "The answer is 12, maybe 13."),
+    ("13", "number", "So she pays 12, maybe 13 dollars."),
+    ("13", "number", "So the total is 12 (maybe 13)."),
+    ("13", "number", "So it comes to 12 perhaps 13"),
+    ("12", "latex", "Answer: $12$, perhaps $13$"),
+    ("13", "latex", "So the total is 12 (maybe 13)."),
+]
+
+# One value, however it is written, is still an answer; lists are fine where the reference is a list.
+ONE_VALUE_STILL_SCORES = [
+    ("1000", "integer", "\\boxed{1,000}"),
+    ("10080", "latex", "\\boxed{10{,}080}"),
+    ("10,080", "latex", "\\boxed{10,080}"),
+    ("12", "integer", "With 3, 4, 5 and 7 we get \\boxed{12}."),
+    ("12", "number", "Answer: 5 + 7 = 12"),
+    ("13", "integer", "\\boxed{13} and again \\boxed{13}"),
+    ("12", "number", "So 12 apples, maybe more."),
+    ("12", "latex", "The answer is probably 12."),
+    ("\\frac{1}{2}", "latex", "\\boxed{\\frac{1}{2}}"),
+    ("(3,4)", "latex", "\\boxed{(3, 4)}"),
+    ("[2,5)", "latex", "\\boxed{[2, 5)}"),
+    ("\\{1,2\\}", "latex", "\\boxed{\\{1, 2\\}}"),
+    ("1,-2", "latex", "\\boxed{-2, 1}"),
+]
+
+
+@pytest.mark.parametrize("gold,kind,reply", NUMBER_LIST_HEDGES)
+def test_several_numbers_for_a_one_number_reference_score_zero(gold, kind, reply):
+    assert grade_math(_task(gold, kind), reply) == 0.0
+
+
+@pytest.mark.parametrize("gold,kind,reply", HEDGE_WORD_AFTER_VALUE)
+def test_hedge_word_after_a_value_scores_zero(gold, kind, reply):
+    assert grade_math(_task(gold, kind), reply) == 0.0
+
+
+@pytest.mark.parametrize("gold,kind,reply", ONE_VALUE_STILL_SCORES)
+def test_one_value_or_list_reference_still_scores(gold, kind, reply):
+    assert grade_math(_task(gold, kind), reply) == 1.0
+
+
 def test_extraction_and_numbers():
     assert extract_final_answer("x \\boxed{\\frac{1}{2}} then \\boxed{\\sqrt{2}}") == "\\sqrt{2}"
     assert extract_final_answer("\\boxed 5") == "5"
@@ -200,6 +255,62 @@ CHOICE_CASES = [
 @pytest.mark.parametrize("reply,want", CHOICE_CASES)
 def test_extract_choice_cases(reply, want):
     assert extract_choice(reply) == want
+
+
+# More than one distinct letter standing as the answer value is no answer; letters elsewhere do not count.
+CHOICE_HEDGES = [
+    "Answer: A or B",
+    "Answer: A/B",
+    "Answer: A, B",
+    "Answer: (A) or (C)",
+    "Answer: A and B",
+    "Answer: **A** or **B**",
+    "Answer: A, or maybe B",
+    "Answer: A. Or maybe B.",
+    "Final answer: either A or B",
+    "(A) is tempting. Final answer: either A or C",
+    "I choose A or C",
+    "Option A or B is correct.",
+    "\\boxed{A} or \\boxed{B}",
+]
+
+CHOICE_NOT_HEDGES = [
+    ("Answer: A", "A"),
+    ("Answer: (B) because option A is wrong", "B"),
+    ("Answer: B, because A is wrong", "B"),
+    ("Answer: C, not A", "C"),
+    ("Answer: C (not A or B)", "C"),
+    ("Answer: A. B is wrong.", "A"),
+    ("Since it is not A, B is correct.", "B"),
+    ("The answer is A or B? Checking again, the answer is B.", "B"),
+    ("Answer: probably D", "D"),
+    ("\\boxed{C}, i.e. \\boxed{C}", "C"),
+]
+
+
+@pytest.mark.parametrize("reply", CHOICE_HEDGES)
+def test_choice_hedge_is_no_answer(reply):
+    assert extract_choice(reply) is None
+
+
+@pytest.mark.parametrize("reply,want", CHOICE_NOT_HEDGES)
+def test_choice_one_letter_with_others_nearby(reply, want):
+    assert extract_choice(reply) == want
+
+
+def test_choice_hedge_grades_wrong():
+    task = Task(id="t/1", source="t", prompt=("q",), grader="choice", answer="B",
+                metadata={"choices": ["w", "x", "y", "z"]})
+    assert grade_choice(task, "Answer: B") == 1.0
+    assert grade_choice(task, "Answer: A or B") == 0.0
+    assert grade_choice(task, "Answer: B/C") == 0.0
+
+
+def test_choice_long_blank_runs_are_fast():
+    t0 = time.monotonic()  # adjacent \s* used to backtrack polynomially: 1000 blanks took ~15 s
+    assert extract_choice("Answer:" + " " * 1000 + "x") is None
+    assert extract_choice("Answer:" + " " * 1000 + "B") == "B"
+    assert time.monotonic() - t0 < 2
 
 
 def test_option_text_fallback_and_letter_range():

@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from trinity.coordinator.roles import parse_verdict  # noqa: E402
 from trinity.evolve import known_answer as ka  # noqa: E402
 from trinity.grading import grade  # noqa: E402
 
@@ -26,8 +27,8 @@ def test_scripted_pool_competence_is_known():
     # The verifiers' accept rates are what they claim (a hash decides, per member, task and answer).
     model = ka.KnownAnswerModel("arith-expert", train + heldout, accept_correct=0.9, accept_wrong=0.2)
     tasks = ka.make_tasks(200, 1, "rates")
-    right = sum(model.reply(t, "verifier", ka.correct_answer(t)).startswith("ACCEPT") for t in tasks) / len(tasks)
-    wrong = sum(model.reply(t, "verifier", ka.wrong_answer(t, "mute")).startswith("ACCEPT") for t in tasks) / len(tasks)
+    right = sum(parse_verdict(model.reply(t, "verifier", ka.correct_answer(t))) == "ACCEPT" for t in tasks) / len(tasks)
+    wrong = sum(parse_verdict(model.reply(t, "verifier", ka.wrong_answer(t, "mute"))) == "ACCEPT" for t in tasks) / len(tasks)
     assert 0.85 < right < 0.95 and 0.15 < wrong < 0.25
 
 

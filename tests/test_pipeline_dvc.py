@@ -112,7 +112,7 @@ def test_repro_produces_checkpoint_report_and_wandb_run(repo):
               if b["type"] == "panel-grid" for p in b["metadata"]["panelBankSectionConfig"]["panels"]]
     media = {k for p in panels for k in p["config"].get("mediaKeys", [])}
     assert {"plots/scores", "plots/fitness", "plots/usage", "plots/score_vs_compute"} <= media
-    assert (repo / "data/exports/responses.parquet").exists()
+    assert not (repo / "data/exports").exists()  # the store's export is `trinity export`, no stage output
     # DVC reads the same results: the top-level metrics and plots
     r = subprocess.run(["dvc", "metrics", "show", "--json"], cwd=repo, env=env, capture_output=True, text=True,
                        timeout=300)

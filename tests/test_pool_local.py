@@ -81,3 +81,59 @@ def test_base_model_gets_completion_prompt():
     assert pool.members[0].completion_style
     r = asyncio.run(pool.complete(0, role_messages(Role.WORKER, TASK, ()), "worker"))
     assert r.ok and r.completion_tokens > 0
+
+
+VERIFY_CASES = [  # (question, proposed answer): right and wrong answers of the three answer formats
+    (TASK, "7 times 6 is 42, so the answer is \\boxed{42}."),
+    (TASK, "7 times 6 is 36, so the answer is \\boxed{36}."),
+    (Task(id="t/2", source="mmlu", prompt=("Which planet is largest? A) Mars B) Jupiter C) Venus D) Mercury",),
+          grader="choice", answer="B"), "Jupiter is the largest planet.\nAnswer: B"),
+    (Task(id="t/3", source="mmlu", prompt=("What is the chemical symbol of gold? A) Ag B) Au C) Gd D) Go",),
+          grader="choice", answer="B"), "Gold is Ag.\nAnswer: A"),
+    (Task(id="t/4", source="mbpp", prompt=("Write a function add(a, b) that returns a + b.",), grader="code"),
+     "```python\ndef add(a, b):\n    return a - b\n```"),
+    (Task(id="t/5", source="gsm8k", prompt=("Tom has 3 apples and buys 4 more. How many apples?",),
+          grader="math", answer="7"), "3 + 4 = 7. \\boxed{7}"),
+]
+
+
+def test_verifier_grammar_always_gives_the_field():
+    """Under the verdict grammar every Verifier reply of a real model ends with the field, within the Verifier's
+    token cap (params.yaml coordinator.verifier_max_tokens = 48): a chat-template member and the completion-style
+    base member. Free text from these models mostly has no field (reports/verdict_field.md)."""
+    from trinity.coordinator.roles import Turn, parse_verdict
+
+    gemma = PoolMember(name="gemma", backend="local", model="gemma-3-270m", max_tokens=128, temperature=0.7)
+    pool = build_pool(PoolSettings(members=[SMOL.model_copy(update={"max_tokens": 320}), gemma]), None,
+                      {"verifier": 48})
+    asks = [(0, task, answer) for task, answer in VERIFY_CASES] + [(1, task, answer) for task, answer in VERIFY_CASES[:2]]
+
+    async def go():
+        return await asyncio.gather(*(pool.complete(i, role_messages(Role.VERIFIER, task, (Turn("w", Role.WORKER, a),)),
+                                                    "verifier") for i, task, a in asks))
+    for (i, task, _), r in zip(asks, asyncio.run(go())):
+        assert r.ok and r.completion_tokens <= 48, (pool.names[i], task.id, r)
+        last = r.text.rstrip("\n").splitlines()[-1]
+        assert last in ("Verdict: ACCEPT", "Verdict: REJECT"), (pool.names[i], task.id, r.text)
+        assert parse_verdict(r.text) in ("ACCEPT", "REJECT")
+
+
+def test_verdict_grammar_is_in_the_key(monkeypatch):
+    """The grammar text is part of a Verifier request's identity (editing it asks again); a Worker request's
+    identity is what it was before output formats existed."""
+    from trinity.pool import local
+    from trinity.store import response_key
+
+    pool = build_pool(PoolSettings(members=[SMOL]), None, {"verifier": 48})
+    member, msgs = pool.members[0], role_messages(Role.WORKER, TASK, ())
+    assert member.request_identity(msgs, pool.sampling(0, "worker")) == {
+        "prompt_style": "chat", "stop": [], "n_ctx": SMOL.n_ctx, "n_threads": SMOL.n_threads,
+        "llama_cpp": local._llama_cpp_version()}
+    verifier = pool.sampling(0, "verifier")
+    identity = member.request_identity(msgs, verifier)
+    assert identity["grammar"] == local.verdict_grammar(verifier.max_tokens)
+    assert '"Verdict: " ("ACCEPT" | "REJECT")' in identity["grammar"]
+    assert pool.key(0, msgs, "verifier") == response_key(member.model_id, msgs, verifier, identity)
+    before = pool.key(0, msgs, "verifier")
+    monkeypatch.setattr(local, "VERDICT_REASON_CHARS_PER_TOKEN", 3)
+    assert pool.key(0, msgs, "verifier") != before

@@ -436,3 +436,74 @@ def test_one_model_serves_several_event_loops(server, api_key):
     for i in range(3):
         r = asyncio.run(pool.complete(0, [ChatMessage("user", f"q{i}")], "worker"))
         assert r.ok, r.error
+
+
+def test_verifier_asks_for_structured_verdict_and_reads_it(api_key, transport):
+    """A Verifier request carries response_format (OpenAI structured outputs: a strict JSON schema with "reason"
+    and an ACCEPT/REJECT "verdict"), and the JSON reply is read as the verdict. Other roles send no
+    response_format and keep the store key they had before output formats existed (no identity entry)."""
+    from trinity.coordinator.roles import Role, Turn, role_messages, turn_of
+    from trinity.pool.openai_compat import VERDICT_RESPONSE_FORMAT
+    from trinity.pool.runtime import Pool
+    from trinity.records import Task
+    from trinity.store import response_key
+
+    def reply(messages):
+        last = str(messages[-1].get("content") or "")
+        return '{"reason": "2 + 3 is 5.", "verdict": "ACCEPT"}' if "Verdict: ACCEPT" in last else "\\boxed{5}"
+
+    task = Task(id="t/1", source="gsm8k", prompt=("What is 2+3?",), grader="math", answer="5")
+    worker_msgs = role_messages(Role.WORKER, task, ())
+    verifier_msgs = role_messages(Role.VERIFIER, task, (Turn("m", Role.WORKER, "\\boxed{5}"),))
+    with FakeOpenAIServer(reply=reply) as srv:
+        m = member(srv)
+        model = fast(m, transport=transport)
+        pool = Pool([model], [m], None, {"verifier": 48})
+
+        async def go():
+            try:
+                w = await pool.complete(0, worker_msgs, "worker")
+                v = await pool.complete(0, verifier_msgs, "verifier")
+                return w, v
+            finally:
+                await model.aclose()
+        w, v = asyncio.run(go())
+        assert [r.response_format for r in srv.records] == [None, VERDICT_RESPONSE_FORMAT]
+    assert VERDICT_RESPONSE_FORMAT["type"] == "json_schema" and VERDICT_RESPONSE_FORMAT["json_schema"]["strict"]
+    schema = VERDICT_RESPONSE_FORMAT["json_schema"]["schema"]
+    assert schema["properties"]["verdict"]["enum"] == ["ACCEPT", "REJECT"]
+    assert schema["required"] == ["reason", "verdict"] and schema["additionalProperties"] is False
+    assert w.ok and w.text == "\\boxed{5}"
+    assert v.ok and turn_of("m", Role.VERIFIER, v).verdict == "ACCEPT"
+    assert pool.key(0, worker_msgs, "worker") == response_key(model.model_id, worker_msgs, pool.sampling(0, "worker"))
+    verifier = pool.sampling(0, "verifier")
+    assert pool.key(0, verifier_msgs, "verifier") == response_key(
+        model.model_id, verifier_msgs, verifier, {"response_format": VERDICT_RESPONSE_FORMAT})
+
+
+def test_structured_output_off_sends_no_response_format_and_reads_the_text_field(api_key, transport):
+    """`structured_output: false` (a server that rejects response_format): the Verifier request carries none, its
+    key differs from the constrained one, and the reply's last `Verdict:` line is read."""
+    from trinity.coordinator.roles import Role, Turn, role_messages, turn_of
+    from trinity.pool.runtime import Pool
+    from trinity.records import Task
+
+    task = Task(id="t/1", source="gsm8k", prompt=("What is 2+3?",), grader="math", answer="5")
+    verifier_msgs = role_messages(Role.VERIFIER, task, (Turn("m", Role.WORKER, "\\boxed{5}"),))
+    with FakeOpenAIServer(reply=lambda messages: "2 + 3 is 5.\nVerdict: ACCEPT") as srv:
+        on, off = member(srv), member(srv).model_copy(update={"structured_output": False})
+        pools = []
+        for m in (on, off):
+            model = fast(m, transport=transport)
+            pools.append((Pool([model], [m], None, {"verifier": 48}), model))
+
+        async def go():
+            try:
+                return await pools[1][0].complete(0, verifier_msgs, "verifier")
+            finally:
+                for _, model in pools:
+                    await model.aclose()
+        v = asyncio.run(go())
+        assert [r.response_format for r in srv.records] == [None]
+    assert v.ok and turn_of("m", Role.VERIFIER, v).verdict == "ACCEPT"
+    assert pools[0][0].key(0, verifier_msgs, "verifier") != pools[1][0].key(0, verifier_msgs, "verifier")

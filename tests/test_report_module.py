@@ -14,10 +14,14 @@ POOL = ["alpha", "beta"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 BENCHMARKS = [
-    {"name": "math500", "split": "in_distribution", "metric": "accuracy", "scale": 1.0, "n": 3},
-    {"name": "aime", "split": "heldout", "metric": "accuracy", "scale": 1.0, "n": 2},
-    {"name": "mmlu", "split": "in_distribution", "metric": "accuracy", "scale": 1.0, "n": 2},
-    {"name": "mt_bench", "split": "heldout", "metric": "judge score (1-10)", "scale": 10.0, "n": 2},
+    {"name": "math500", "split": "in_distribution", "metric": "accuracy", "scale": 1.0, "n": 3, "unit": "item",
+     "units": 3, "common_units": 3},
+    {"name": "aime", "split": "heldout", "metric": "accuracy", "scale": 1.0, "n": 2, "unit": "item", "units": 2,
+     "common_units": 2},
+    {"name": "mmlu", "split": "in_distribution", "metric": "accuracy", "scale": 1.0, "n": 2, "unit": "item",
+     "units": 2, "common_units": 2},
+    {"name": "mt_bench", "split": "heldout", "metric": "judge score (1-10)", "scale": 10.0, "n": 2,
+     "unit": "judgement", "turns": 2, "units": 4, "common_units": 3},
 ]
 """Deliberately interleaved: the report must put in-distribution columns first."""
 
@@ -53,26 +57,37 @@ TRINITY_TURNS = {  # per benchmark, per item: (model, role, verdict) of each coo
     "mt_bench": [[("alpha", "worker", None), ("alpha", "worker", None)],
                  [("beta", "worker", None), ("beta", "worker", None)]],
 }
+POOLED_BEST = "best single member on the split, in hindsight"
 TRINITY_ITEM_SCORES = {"math500": [1.0, 1.0, 0.0], "mmlu": [1.0, 0.0], "aime": [0.0, 0.0], "mt_bench": [8.0, 5.0]}
 
 
-def _score_entry(score_ci, n: int) -> dict:
+def _score_entry(score_ci, n: int, turns: int = 0) -> dict:
     score, ci95 = score_ci if score_ci else (None, None)
     scored = n if score_ci else 0
-    return {"score": score, "ci95": ci95, "n": scored, "unscored": n - scored, "small_sample": scored < 30,
-            "tokens_per_task": 300.0, "wall_s_per_task": 4.0, "cost_usd_per_task": 0.0, "mean_turns": 1.5,
-            "calls_new": 2, "failed_calls": 0}
+    entry = {"score": score, "ci95": ci95, "n": scored, "unscored": n - scored, "small_sample": scored < 30,
+             "tokens_per_task": 300.0, "wall_s_per_task": 4.0, "cost_usd_per_task": 0.0, "mean_turns": 1.5,
+             "calls_new": 2, "failed_calls": 0}
+    if turns:  # a judged benchmark: n counts (item, turn) judgements; turn 1 scores +0.5, turn 2 -0.5
+        entry |= {"n": scored * turns, "unscored": (n - scored) * turns, "items": scored, "turns": {
+            str(k): {"score": None if score is None else score + (0.5 if k == 1 else -0.5),
+                     "ci95": None if score is None else [score - 1.0, score + 1.0], "n": scored,
+                     "unscored": n - scored, "small_sample": True} for k in range(1, turns + 1)}}
+    return entry
 
 
 def _results() -> dict:
     n_items = {b["name"]: b["n"] for b in BENCHMARKS}
-    scores = {method: {bench: _score_entry(sc, n_items[bench]) for bench, sc in per_bench.items()}
+    turns = {b["name"]: b.get("turns", 0) for b in BENCHMARKS}
+    scores = {method: {bench: _score_entry(sc, n_items[bench], turns[bench]) for bench, sc in per_bench.items()}
               for method, per_bench in SCORES.items()}
     scores["trinity"]["math500"]["tokens_per_task"] = 900.0
 
     def pair(b, label, diff, ci, outcome, n):
         return {"a": "trinity", "b": b, "label": label, "diff": diff, "ci95": ci, "n": n, "small_sample": True,
                 "outcome": outcome}
+
+    def pooled(b, label, diff, ci, outcome, n, items, better, worse):
+        return pair(b, label, diff, ci, outcome, n) | {"items": items, "a_better": better, "b_better": worse}
 
     return {
         "n_items": sum(n_items.values()), "benchmarks": BENCHMARKS, "methods": METHODS, "scores": scores,
@@ -89,6 +104,21 @@ def _results() -> dict:
             "aime": [pair("alone:alpha", "best single member", -1.0, [-1.0, -1.0], "loses", 2),
                      pair("random-routing", "random routing", -0.5, [-1.0, 0.0], "ties", 2)],
             # mt_bench: no paired entries (the report must say so, not crash)
+        },
+        "pooled_paired": {
+            "in_distribution": {
+                "benchmarks": ["math500", "mmlu"], "items": 5, "units": 5, "common_units": 5,
+                "scores": {"trinity": 0.6, "alone:alpha": 0.2, "alone:beta": 0.2, "random-routing": 0.2},
+                "best_single": "alone:alpha",
+                "comparisons": [pooled("alone:alpha", POOLED_BEST, 0.4, [0.0, 0.8], "ties", 5, 5, 2, 0),
+                                pooled("random-routing", "random routing", 0.4, [0.2, 0.8], "wins", 5, 5, 2, 0)]},
+            "heldout": {
+                "benchmarks": ["aime", "mt_bench"], "items": 4, "units": 6, "common_units": 5,
+                "scores": {"trinity": 0.5, "alone:alpha": 0.8, "alone:beta": None, "random-routing": 0.4},
+                "best_single": "alone:alpha",
+                "comparisons": [pooled("alone:alpha", POOLED_BEST, -0.3, [-0.6, 0.0], "too few items", 5, 4, 1, 3),
+                                pooled("random-routing", "random routing", 0.1, [-0.2, 0.4], "too few items", 6,
+                                       4, 2, 1)]},
         },
         "judge": {"name": "beta", "model_id": "gguf:beta@sha256:00", "in_pool": True, "verdicts": 16,
                   "unparseable": 3, "failed": 1, "note": "a 1.5B judge is weak: read MT-Bench as indicative"},
@@ -177,8 +207,9 @@ def _cells(line: str) -> list[str]:
 def test_main_table_puts_in_distribution_columns_then_held_out_each_with_its_average(rendered):
     table = _main_table(rendered["summary"].read_text())
     assert _cells(table[0]) == ["method", "math500 (n=3)", "mmlu (n=2)", "avg (in-dist.)", "aime (n=2)",
-                                "mt_bench (n=2, 1–10)", "avg (held-out)"]
-    assert _cells(table[2]) == ["", "**in-distribution**", "", "", "**held-out**", "", ""]
+                                "mt_bench turn 1 (n=2, 1–10)", "mt_bench turn 2 (n=2, 1–10)",
+                                "mt_bench all turns (n=2x2, 1–10)", "avg (held-out)"]
+    assert _cells(table[2]) == ["", "**in-distribution**", "", "", "**held-out**", "", "", "", ""]
     methods = [_cells(line)[0] for line in table[3:]]
     assert methods == ["trinity", "alone:alpha", "alone:beta", "random-routing",
                        "oracle:best-single (oracle, hindsight)"]
@@ -189,20 +220,22 @@ def test_cells_show_score_interval_small_sample_marker_and_a_dash_for_no_score(r
     rows = {_cells(line)[0]: _cells(line) for line in _main_table(summary)[3:]}
     assert rows["trinity"][1] == "0.667 [0.000, 1.000]†"
     assert rows["trinity"][3] == "0.583"
-    assert rows["trinity"][5] == "6.50 [5.0, 8.0]†"
+    assert rows["trinity"][7] == "6.50 [5.0, 8.0]†"  # all turns
     assert rows["alone:beta"][4] == "— (2 unscored)"
     assert "† small sample (n < 30): the interval is wide and only indicative" in summary
 
 
-def test_compute_table_averages_per_task_figures_over_benchmarks(rendered):
+def test_compute_tables_average_per_task_figures_over_each_splits_items(rendered):
     summary = rendered["summary"].read_text()
-    header = next(line for line in summary.splitlines() if line.startswith("| method | tokens / task"))
-    trinity = next(line for line in summary.splitlines()[summary.splitlines().index(header):]
-                   if line.startswith("| trinity |"))
-    # tokens: (900 + 300 + 300 + 300) / 4 benchmarks; new calls: 2 per benchmark, summed
-    assert _cells(trinity) == ["trinity", "450", "4.0", "0.0000", "1.50", "8", "0"]
-    compute_rows = summary.split("## Compute per task")[1].split("## Paired")[0]
-    assert "oracle" not in compute_rows.split("|---|")[1].split("\n\n")[0]  # no calls of its own
+    compute = summary.split("## Compute per task")[1].split("## Paired")[0]
+    in_distribution = compute.split("### In-distribution items (math500, mmlu: 5 items)")[1].split("###")[0]
+    held_out = compute.split("### Held-out items (aime, mt_bench: 4 items)")[1]
+    row = next(line for line in in_distribution.splitlines() if line.startswith("| trinity |"))
+    # tokens: (3 items x 900 + 2 items x 300) / 5 items; new calls: 2 per benchmark, summed over the split
+    assert _cells(row) == ["trinity", "660", "4.0", "0.0000", "1.50", "4", "0"]
+    row = next(line for line in held_out.splitlines() if line.startswith("| trinity |"))
+    assert _cells(row) == ["trinity", "300", "4.0", "0.0000", "1.50", "4", "0"]
+    assert "oracle" not in in_distribution and "oracle" not in held_out.split("\n\n")[1]  # no calls of its own
 
 
 def test_paired_table_and_reading_say_where_the_coordinator_wins_and_loses(rendered):
@@ -323,3 +356,38 @@ def test_reading_calls_no_outcome_on_too_few_items_but_says_which_way_the_estima
     assert ("Against the best single member, on the point estimate only (too few paired items to call a win or a "
             "loss), the coordinator is ahead on gpqa (+0.500); **is behind** on aime (-0.500).") in text
     assert "loses on none" not in text and "fewer than 5 paired items none is called" in text
+
+
+def test_mt_bench_renders_a_cell_per_turn_and_all_turns_and_its_paired_rows_per_turn():
+    results = _results()
+    comparison = {"a": "trinity", "b": "alone:alpha", "label": "best single member", "small_sample": True,
+                  "outcome": "too few items"}
+    results["paired"]["mt_bench"] = [comparison | {
+        "diff": -0.5, "ci95": [-2.0, 1.0], "n": 3, "items": 2, "turns": {
+            "1": comparison | {"diff": 0.0, "ci95": [-1.0, 1.0], "n": 2, "items": 2},
+            "2": comparison | {"diff": -1.5, "ci95": [-1.5, -1.5], "n": 1, "items": 1}}}]
+    summary = report.summary_markdown(results, _meta(), _history())
+    table = _main_table(summary)
+    header = _cells(table[0])
+    rows = {_cells(line)[0]: _cells(line) for line in table[3:]}
+    turn1, turn2, overall = (header.index(h) for h in ("mt_bench turn 1 (n=2, 1–10)", "mt_bench turn 2 (n=2, 1–10)",
+                                                       "mt_bench all turns (n=2x2, 1–10)"))
+    assert (rows["trinity"][turn1], rows["trinity"][turn2], rows["trinity"][overall]) == (
+        "7.00 [5.5, 7.5]†", "6.00 [5.5, 7.5]†", "6.50 [5.0, 8.0]†")
+    assert "Here the units every method scored are: mt_bench 3 of 4 judgements." in summary
+    assert ("| mt_bench all turns | trinity − alone:alpha (best single member) | -0.50 [-2.0, 1.0] | "
+            "3 judgements, 2 items† | too few items |") in summary
+    assert "| mt_bench turn 1 | trinity − alone:alpha (best single member) | +0.00 [-1.0, 1.0] | 2† |" in summary
+    assert "| mt_bench turn 2 | trinity − alone:alpha (best single member) | -1.50 [-1.5, -1.5] | 1† |" in summary
+
+
+def test_the_pooled_paired_section_names_the_split_what_it_pools_and_n(rendered):
+    summary = rendered["summary"].read_text()
+    section = summary.split("## Pooled paired comparisons, per split")[1].split("\n## ")[0]
+    assert "one member for the whole split" in section and "an MT-Bench judgement / 10" in section
+    assert ("| in-distribution (math500, mmlu) | trinity − alone:alpha (best single member on the split, in "
+            "hindsight) | +0.400 [0.000, 0.800] | 5 items† | 2 / 0 | ties |") in section
+    assert ("| held-out (aime, mt_bench as (item, turn) / 10) | trinity − random-routing (random routing) | "
+            "+0.100 [-0.200, 0.400] | 6 units, 4 items† | 2 / 1 | too few items |") in section
+    assert ("Held-out pooled scores over the 5 units every method scored (of 6): `trinity` 0.500, `alone:alpha` "
+            "0.800, `random-routing` 0.400.") in section

@@ -36,7 +36,7 @@ def grade(task, text):
     return 1.0 if "\\boxed{5}" in (text or "") else 0.0
 
 
-GOOD = {"worker": "2+3=5 so \\boxed{5}", "verifier": "REJECT. check again",
+GOOD = {"worker": "2+3=5 so \\boxed{5}", "verifier": "check again\nVerdict: REJECT",
         "thinker": "<suggestion>add</suggestion><suggested_role>worker</suggested_role>"}
 WRONG = {**GOOD, "worker": "it is \\boxed{7}"}
 
@@ -522,8 +522,11 @@ def test_readers_work_while_a_writer_holds_the_store(tmp_path):
             assert reader.get_response("new").text == "kept in memory" and reader.unsaved_writes == 1
         with Store.open_or_read(db) as shared:  # `trinity ask`'s way in
             assert shared.read_only
-        out = stages.report(settings(), paths)  # the report stage, a reader, while the writer runs
+        out = stages.report(settings(), paths)  # the report stage, while the writer runs (it reads no store)
         assert Path(out["summary"]).exists()
+        from trinity.cli import main as trinity_cli
+
+        assert trinity_cli(["export", "--root", str(tmp_path)]) == 0  # `trinity export`, a reader
         import pyarrow.parquet as pq
 
         assert set(pq.read_table(paths.exports / "responses.parquet").column("key").to_pylist()) == {"k", "late"}

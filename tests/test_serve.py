@@ -57,7 +57,7 @@ class PoolReplies:
         if "strategic thinker" in system:
             return THINKER_REPLY
         if "strict verifier" in system:
-            return "ACCEPT - the answer is right."
+            return "The answer is right.\nVerdict: ACCEPT"
         return worker_reply(str(messages[-1]["content"]).split("\n\n")[0])
 
 

@@ -1,97 +1,175 @@
-"""How a Verifier reply is read: the verdict as a word or a structured field, negations as REJECT, whole
-words only, the first clear verdict deciding, default REJECT. Real replies of the bundled models are
-part of the table (generated with the Verifier prompt of trinity.coordinator.roles.role_messages)."""
+"""How a Verifier reply is read: only its verdict field counts (DESIGN.md, Verifier). The field is the last line
+`Verdict: ACCEPT` / `Verdict: REJECT` (or the "verdict" member of a JSON reply under response_format); a reply
+without it is no verdict (None), and a Verifier turn without a verdict does not end the episode. Prose is never
+read as a verdict: the word list this replaces read "It is impossible to accept this answer." as ACCEPT, and a
+false ACCEPT ends an episode on an unchecked answer. The real models under the grammar: test_pool_local.py."""
+import asyncio
+
+import numpy as np
 import pytest
 
-from trinity.coordinator.roles import parse_verdict
+from trinity.config import PoolMember, RewardSettings
+from trinity.coordinator.episode import Episode, StateCache, play_episodes
+from trinity.coordinator.roles import ROLES, Role, Turn, make_turn, parse_verdict, role_messages
+from trinity.pool.runtime import Pool
+from trinity.records import SamplingParams, Task
+from trinity.store import Store
+
+from scripted_pool import ScriptedModel
 
 VERDICT_CASES = [
-    # ----------------------------------------------------------------- the verdict as a word
-    ("ACCEPT", "ACCEPT"),
-    ("REJECT", "REJECT"),
-    ("accept. The answer 5 is right.", "ACCEPT"),
-    ("**ACCEPT**\nThe sum is correct.", "ACCEPT"),
-    ("**REJECT** wrong", "REJECT"),
-    ("I think we should accept this", "ACCEPT"),
-    ("After checking the arithmetic, I accept the proposed answer.", "ACCEPT"),
-    ("I reject it: 2 + 3 is 5, not 6.", "REJECT"),
-    # ----------------------------------------------------------------- structured fields
-    ("Verdict: accept", "ACCEPT"),
+    # ----------------------------------------------------------------- the field
+    ("The sum 2 + 3 is 5.\nVerdict: ACCEPT", "ACCEPT"),
+    ("2 + 3 is 5, not 6.\nVerdict: REJECT", "REJECT"),
     ("Verdict: REJECT", "REJECT"),
-    ("**Verdict:** ACCEPT. 2 + 3 is 5.", "ACCEPT"),
-    ("<verdict>REJECT</verdict> the sum is 5", "REJECT"),
-    ("<verdict>ACCEPT</verdict>", "ACCEPT"),
-    ("Decision: ACCEPT", "ACCEPT"),
-    ("Decision: **reject** (the arithmetic is off)", "REJECT"),
-    ("Verdict: not accepted", "REJECT"),
-    ("Verdict: Accepted", "ACCEPT"),  # "accepted" in a verdict field affirms
-    # ----------------------------------------------------------------- negations are REJECT
-    ("This answer is unacceptable.", "REJECT"),
-    ("I cannot accept this answer.", "REJECT"),
-    ("I can't accept this: 2 + 3 is not 6.", "REJECT"),
-    ("I can\u2019t accept this.", "REJECT"),
-    ("I do not accept the proposed answer.", "REJECT"),
-    ("I won't accept it.", "REJECT"),
-    ("The answer should not be accepted.", "REJECT"),
-    ("The answer is not accepted.", "REJECT"),
-    ("Not acceptable: the sum is 5.", "REJECT"),
-    ("NOT ACCEPT", "REJECT"),
-    ("I don't think we should accept this.", "REJECT"),
-    ("I would never accept 6 here.", "REJECT"),
-    # ----------------------------------------------------------------- "acceptable" / "accepted" alone
-    ("The proposed answer is acceptable.", "ACCEPT"),  # predicate "is acceptable" affirms
-    ("Accepted. The computation is right.", "ACCEPT"),  # as the verdict at the start of the reply
-    ("An acceptable answer would show the steps.", "REJECT"),  # attributive use: no verdict at all
-    ("The acceptance criteria are not met.", "REJECT"),
-    # ----------------------------------------------------------------- both words: the first clear verdict decides
-    ("Should we accept? No, reject.", "REJECT"),  # a question is not a verdict
-    ("REJECT. I cannot accept it; accepting 6 would be wrong.", "REJECT"),
-    ("ACCEPT. There is no reason to reject it.", "ACCEPT"),
-    ("There is nothing to reject here; I accept it.", "ACCEPT"),  # a negated reject is no verdict
-    ("Reject. Even though the format is acceptable, the value is wrong.", "REJECT"),
-    ("The reasoning is fine and I would accept the method.\nVerdict: REJECT", "REJECT"),  # a field beats prose
-    ("ACCEPT or REJECT: ACCEPT", "ACCEPT"),  # the prompt's "ACCEPT or REJECT" echoed back is no verdict
-    ("ACCEPT or REJECT? REJECT", "REJECT"),
-    ("<think>Should I accept? It says 6, I reject that.</think>\nREJECT", "REJECT"),
-    ("<think>I was going to reject, but 5 is right.</think>\nACCEPT", "ACCEPT"),
-    # ----------------------------------------------------------------- real Verifier replies of the bundled models
-    # (role_messages(Role.VERIFIER, ...) after one Worker turn; temperature 0.7, top_p 0.95, max_tokens 48)
-    # qwen2.5-coder-1.5b, verifier, seed 0; "A shop sells pens at 3 dollars each. ..." with a right proposed answer
-    ("ACCEPT", "ACCEPT"),
-    # qwen2.5-coder-1.5b, verifier, seed 0; "What is 7 + 5?" with a right proposed answer
-    ("ACCEPT\nThe proposed answer is correct.", "ACCEPT"),
-    # qwen2.5-coder-1.5b, verifier, seed 0; "What is the square root of 81?" with a wrong proposed answer  (wrong too, still what was said)
-    ("ACCEPT\nThe proposed answer is correct. The square root of 81 is indeed 8, as \\(8^2 = 64\\) and \\(9^2 = 81\\).", "ACCEPT"),
-    # qwen2.5-coder-1.5b, verifier, seed 0; "What is 6 * 4?" with a wrong proposed answer  (the proposed 20 was wrong: the verdict is what was said)
-    ("ACCEPT.\nThe proposed answer is correct.", "ACCEPT"),
-    # qwen2.5-coder-0.5b, verifier, seed 0; "What is 7 + 5?" with a right proposed answer
-    ("REJECT\n\nThe proposed answer is incorrect. The correct answer is indeed 12.", "REJECT"),
-    # qwen2.5-coder-1.5b, verifier, seed 0; "What is 7 + 5?" with a wrong proposed answer
-    ("REJECT\nThe proposed answer is incorrect. The correct answer to 7 + 5 is 12, not 13.", "REJECT"),
-    # qwen2.5-coder-1.5b, verifier, seed 0; "What is 15 - 9?" with a right proposed answer
-    ("REJECT. The proposed answer is incorrect. The correct answer is 15 - 9 = 6.", "REJECT"),
-    # smollm2-135m, verifier, seed 0; "What is 7 + 5?" with a right proposed answer  (no verdict word)
-    ("The correct answer is 12.", "REJECT"),
-    # smollm2-135m, verifier, seed 0; "What is the square root of 81?" with a wrong proposed answer  (no verdict word)
-    ("The proposed answer is correct, but it's not. The square root of 81 is indeed 8.\n\nTo confirm, I'll provide the correct answer:\n\nThe square root of 81 is indeed 8", "REJECT"),
-    # gemma-3-270m, verifier, seed 0; "What is 7 + 5?" with a right proposed answer  (conditions, not verdicts)
-    (" Accept if correct.\n\nAnswer: REJECT if correct.\n\nIf you need to send a more detailed answer, please follow the instructions in the comments.\n\nAnswer: Accept if correct.\n\nAnswer: REJECT if correct.\n\nAnswer", "REJECT"),
-    # gemma-3-270m, verifier, seed 0; "What is the square root of 81?" with a right proposed answer  (conditions, not verdicts)
-    (" Accept if correct.\n\nAnswer: Reject if incorrect.", "REJECT"),
-    # gemma-3-270m, verifier, seed 0; "A shop sells pens at 3 dollars each. ..." with a right proposed answer  (the prompt echoed back is no verdict)
-    (" Accept: $12.\n\nIs the proposed answer correct? Reply with ACCEPT or REJECT first, then one sentence why.\n\nAnswer: Accept: $12.\n\nIs the proposed answer correct? Reply with ACCEPT or REJECT", "ACCEPT"),
-    # gemma-3-270m, verifier, seed 0; "What is 6 * 4?" with a right proposed answer  (the prompt echoed back is no verdict)
-    (" 24\n\nIs the proposed answer correct? Reply with ACCEPT or REJECT first, then one sentence why.\n\nAnswer: 24\n\nIs the proposed answer correct? Reply with ACCEPT or REJECT first, then one sentence why", "REJECT"),
-    # gemma-3-270m, verifier, seed 0; "A shop sells pens at 3 dollars each. ..." with a wrong proposed answer  (a leading "Accept" is read as the verdict)
-    (" Accept the answer and explain why.\n\nAnswer: \\boxed{3}", "ACCEPT"),
-    # ----------------------------------------------------------------- whole words only, default REJECT
-    ("ACCEPTANCE", "REJECT"),
-    ("hmm", "REJECT"),
-    ("", "REJECT"),
-    ("The proposed answer is correct.", "REJECT"),  # no verdict word: default REJECT
+    ("Verdict: accept", "ACCEPT"),  # any case
+    ("The arithmetic holds.\n**Verdict:** ACCEPT", "ACCEPT"),  # markdown bold
+    ("The arithmetic holds.\n**Verdict: REJECT**", "REJECT"),
+    ("Wrong sum.\n`Verdict: REJECT`", "REJECT"),  # backticks
+    ("Right.\nVerdict: `ACCEPT`.", "ACCEPT"),  # a trailing full stop
+    ("  Right.  \n   Verdict :  ACCEPT   \n\n", "ACCEPT"),  # whitespace
+    # the last field decides, prose after it aside
+    ("Verdict: ACCEPT\nOn second thought the carry is wrong.\nVerdict: REJECT", "REJECT"),
+    ("Verdict: REJECT\nVerdict: ACCEPT", "ACCEPT"),
+    ("ACCEPT. On reflection the carry is off.\nVerdict: REJECT", "REJECT"),  # the word list: a leading ACCEPT decides
+    ("Verdict: REJECT\nThe proposed answer is 6, the sum is 5.", "REJECT"),
+    # ----------------------------------------------------------------- the JSON form (response_format)
+    ('{"reason": "2 + 3 = 5", "verdict": "ACCEPT"}', "ACCEPT"),
+    ('{"reason": "the sum is 5, not 6", "verdict": "REJECT"}', "REJECT"),
+    ('```json\n{"reason": "ok", "verdict": "accept"}\n```', "ACCEPT"),
+    ('{"reason": "I accept it", "verdict": "MAYBE"}', None),  # the field's value is not a verdict
+    ('{"reason": "I accept it"}', None),  # no field
+    ('{"reason": "x", "verdict": true}', None),
+    # ----------------------------------------------------------------- no field: no verdict
+    ("It is impossible to accept this answer.", None),  # the word list read ACCEPT
+    ("I accept.", None),
+    ("ACCEPT", None),
+    ("REJECT. 2 + 3 is 5, not 6.", None),
+    ("I cannot accept this answer.", None),
+    ("The proposed answer is correct.", None),
+    ("", None),
+    ("hmm", None),
+    # a Verdict line whose value is not exactly ACCEPT or REJECT
+    ("Verdict: ACCEPT because 2 + 3 = 5", None),
+    ("Verdict: I cannot accept this", None),
+    ("Verdict: accepted", None),
+    ("Verdict:", None),
+    ("Verdict: ACCEPT or REJECT", None),
+    ("Verdict: REJECT\nVerdict: maybe", None),  # the last field decides, and says nothing
+    # the field must start its line: the prompt echoed back names both and gives none
+    ("Reply with at most two short sentences of reasoning, then end with your verdict, ACCEPT or REJECT, on a last "
+     "line of the form `Verdict: ACCEPT` or `Verdict: REJECT`.", None),
+    ("So it is right. Verdict: ACCEPT", None),
+    ("Final verdict: ACCEPT", None),
+    # ----------------------------------------------------------------- reasoning models: only the reply after </think>
+    ("<think>Verdict: ACCEPT? No, 6 is wrong.</think>\nThe sum is 5.\nVerdict: REJECT", "REJECT"),
+    ("<think>It says 6. Verdict: REJECT</think>\nI reject it.", None),  # the field was in the thoughts
+    ("<think>Checking... Verdict: ACCEPT", None),  # cut while thinking
+    ("<think>Verdict: ACCEPT</think>", None),
+    # ----------------------------------------------------------------- HEAD's real replies of the bundled models
+    # (the old prompt "Reply with ACCEPT or REJECT first, then one sentence why", max_tokens 48): no field
+    ("ACCEPT\nThe proposed answer is correct.", None),
+    ("REJECT\nThe proposed answer is incorrect. The correct answer to 7 + 5 is 12, not 13.", None),
+    (" Accept if correct.\n\nAnswer: Reject if incorrect.", None),
+    # replies under the verdict grammar (test_pool_local.py)
+    (" The answer is CORRECT.\nVerdict: ACCEPT", "ACCEPT"),
+    ("I'll leave it to you to decide. I will leave it to you to decide whether to make\nVerdict: ACCEPT", "ACCEPT"),
 ]
 
 
 @pytest.mark.parametrize("reply,want", VERDICT_CASES)
 def test_parse_verdict(reply, want):
     assert parse_verdict(reply) == want
+
+
+def test_verifier_prompt_asks_for_the_field():
+    from trinity.coordinator.roles import VERIFIER_INSTRUCTION
+
+    task = Task(id="t/1", source="gsm8k", prompt=("What is 2+3?",), grader="math", answer="5")
+    msgs = role_messages(Role.VERIFIER, task, (Turn("a", Role.WORKER, "\\boxed{5}"),))
+    assert msgs[-1].content.endswith(VERIFIER_INSTRUCTION)
+    assert "`Verdict: ACCEPT` or `Verdict: REJECT`" in VERIFIER_INSTRUCTION
+    assert parse_verdict(msgs[-1].content) is None  # the prompt, echoed back, is no verdict
+
+
+def test_turn_without_field_has_no_verdict():
+    assert make_turn("m", Role.VERIFIER, "It is impossible to accept this answer.", True).verdict is None
+    assert make_turn("m", Role.VERIFIER, "Off by one.\nVerdict: REJECT", True).verdict == "REJECT"
+    assert make_turn("m", Role.VERIFIER, '{"reason": "fine", "verdict": "ACCEPT"}', True).verdict == "ACCEPT"
+
+
+# ------------------------------------------------------------------------------------- the episode goes on
+TASK = Task(id="t/1", source="gsm8k", prompt=("What is 2+3?",), grader="math", answer="5")
+W, V = Role.WORKER, Role.VERIFIER
+
+
+class TurnCountEncoder:
+    """State = one-hot of the number of turns so far, so a head can script its argmax pick turn by turn."""
+    encoder_id, dim = "turn-count-encoder", 8
+
+    def encode(self, texts):
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, t in enumerate(texts):
+            n = sum(part.startswith(("thinker: ", "worker: ", "verifier: ")) for part in t.split("\n\n"))
+            out[i, min(n, self.dim - 1)] = 1.0
+        return out
+
+
+def scripted_head(script, n_models=1, dim=8):
+    """A head whose argmax at turn i is script[i] = (model, role) under TurnCountEncoder states."""
+    w = np.zeros((n_models + 3, dim))
+    for i, (model, role) in enumerate(script):
+        w[model, i] = 10.0
+        w[n_models + ROLES.index(role), i] = 10.0
+    return w
+
+
+def _episode(tmp_path, verifier_reply: str, max_turns: int = 4) -> tuple[Episode, ScriptedModel]:
+    """One argmax episode W, V, W, V on a one-member scripted pool whose Verifier says `verifier_reply`."""
+    model = ScriptedModel("a", {"worker": "2+3=5 so \\boxed{5}", "verifier": verifier_reply, "thinker": "-"})
+    with Store(tmp_path / "s.duckdb") as store:
+        pool = Pool([model], [PoolMember(name="a", backend="local", model="x")], store)
+        ep = Episode(task=TASK, candidate=0, rng=None)
+        asyncio.run(play_episodes([ep], [scripted_head([(0, W), (0, V), (0, W), (0, V)])], pool,
+                                  StateCache(TurnCountEncoder(), store), max_turns, RewardSettings(),
+                                  lambda task, text: 1.0 if "\\boxed{5}" in text else 0.0))
+    assert ep.done
+    return ep, model
+
+
+@pytest.mark.parametrize("reply", ["It is impossible to accept this answer.", "I accept.", "ACCEPT"])
+def test_verifier_without_field_does_not_end_the_episode(tmp_path, reply):
+    ep, _ = _episode(tmp_path, reply)
+    assert [t.role for t in ep.turns] == [W, V, W, V]  # played on to max_turns
+    assert [t.verdict for t in ep.turns if t.role is V] == [None, None]
+
+
+def test_verdict_field_accept_ends_the_episode(tmp_path):
+    ep, model = _episode(tmp_path, "2 + 3 is 5.\nVerdict: ACCEPT")
+    assert [t.role for t in ep.turns] == [W, V] and ep.turns[-1].verdict == "ACCEPT" and model.calls == 2
+
+
+# ------------------------------------------------------------------------------------- store keys
+# Keys computed with the code before the verdict field existed (HEAD e1ae8e5): requests of the other roles keep
+# their stored replies.
+HEAD_KEYS = {
+    "worker": "e404930634571fd71bca3129b240cf71ee8eaf0549c81c971e9e766e93f2222e",
+    "thinker": "1d8c631116fd1abd3e341d188ff587290901d013cc49de432d16a9265035d851",
+    None: "ca7c9cd034f95250f4a336a6b44fb2bfc38585e3baf3106bc28d97589c4f3c1b",
+}
+
+
+def test_other_roles_keep_their_store_keys():
+    pool = Pool([ScriptedModel("a", {})], [PoolMember(name="a", backend="local", model="x")], None,
+                {"thinker": 160, "verifier": 48})
+    turns = (Turn("a", W, "2+3=5 so \\boxed{5}"),)
+    assert pool.key(0, role_messages(W, TASK, turns), "worker") == HEAD_KEYS["worker"]
+    assert pool.key(0, role_messages(Role.THINKER, TASK, turns), "thinker") == HEAD_KEYS["thinker"]
+    assert pool.key(0, role_messages(W, TASK, ()), None) == HEAD_KEYS[None]
+    assert pool.sampling(0, "worker").output_format is None
+    assert pool.sampling(0, "verifier") == SamplingParams(temperature=0.7, top_p=0.95, max_tokens=48,
+                                                          output_format="verdict")
+    assert "output_format" not in SamplingParams().key_fields()
+    assert SamplingParams(output_format="verdict").key_fields()["output_format"] == "verdict"
+    with pytest.raises(ValueError, match="output_format"):
+        SamplingParams(output_format="yaml")

@@ -1,5 +1,6 @@
 """`trinity` command line: ask the trained coordinator, read a stored trace, serve it as an OpenAI-compatible model,
-run a pipeline stage, write the report (or a pipeline run's W&B Report), check the graders."""
+run a pipeline stage, write the report (or a pipeline run's W&B Report), export the store to Parquet, check the
+graders."""
 from __future__ import annotations
 
 import json
@@ -266,6 +267,28 @@ def report(
     else:
         print(f"trinity: W&B report built but NOT saved: {out.reason}; its model is in {out.model_path}",
               file=sys.stderr)
+
+
+@app.command()
+def export(
+    out: Annotated[Optional[Path], typer.Option(help="directory for the Parquet files; default ROOT/data/exports")] = None,
+    store: StoreOpt = None,
+    root: RootOpt = Path("."),
+) -> None:
+    """Export the response store to Parquet (responses, failures, states, episodes: one file per table) for
+    DuckDB/pyarrow scans. Opens the store read-only: works while a pipeline writes it. Not a pipeline stage: the
+    store is a cache that every run and experiment adds to, so its export is a view of it, not an output DVC could
+    rebuild from a stage's dependencies."""
+    from trinity.store import Store
+
+    _, store_path = _paths(root, None, store)
+    if not store_path.is_file():
+        _fail(f"no response store at {store_path} (run the pipeline first, or pass --store)", EXIT_NOT_FOUND)
+    dest = out or root.resolve() / "data" / "exports"
+    with Store(store_path, read_only=True) as st:
+        written = st.export_parquet(dest)
+    for table, path in written.items():
+        print(f"{table}: {path}")
 
 
 @app.command("check-graders", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,

@@ -1,12 +1,21 @@
 """The version of the code that shapes results: part of every resumable run's identity.
 
 A resumed evolution run must be the run that was started: same settings, same tasks, same encoder — and the
-same code for everything that turns those into numbers: the role prompts, the episode loop and the reward
-(`coordinator/`), the graders (`grading/`), the optimisers (`evolve/`, but for the expansion engine, which
-only decides where calls run) and the local members' prompt rendering (`pool/local.py`). `code_version()`
-hashes those modules' syntax trees with docstrings dropped, so comments, docstrings and formatting never
-start a new run, while any change to what the code does does: edit the turn penalty or a prompt, and DVC's
-re-run of `evolve` trains again instead of saving the old parameters as if retrained.
+same code for everything that turns those into numbers. Which code that is is derived, not listed: the
+result-shaping modules are every `trinity` module the stages that produce results can run — the `evolve` and
+`evaluate` stage functions of `trinity/stages.py` (ENTRY_POINTS; the flows, `trinity stage` and
+`trinity.stage_flow` all run them through `stages.run_stage`) with the helpers of stages.py they call, then
+every trinity module those import, transitively. Imports are read statically from the syntax tree: `import
+trinity.x`, `from trinity.x import y`, relative imports, imports inside functions, and the `__init__.py` of
+every package on the way (it runs on import). A module a stage starts to import is hashed from then on,
+without editing any list; the only list is RUNTIME_ONLY, a few modules shown not to shape results (each with
+its reason; their own imports are still followed). stages.py is hashed whole: it holds the role token caps.
+
+`code_version()` hashes those modules' syntax trees with docstrings dropped, so comments, docstrings and
+formatting never start a new run, while any change to what the code does does: edit the turn penalty, a
+prompt, the sampling seed or the response-store key, and DVC's re-run of `evolve` trains again instead of
+saving the old parameters as if retrained. `python -m trinity.code_version` prints the version and the number
+of hashed files; `--list` lists them (and the exempt ones, with their reasons).
 
 A pure refactor (same behaviour, different code) can be declared compatible on purpose: run
 `python -m trinity.code_version` to print the current version, and add
@@ -22,18 +31,32 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 
-RESULT_SHAPING: tuple[str, ...] = ("coordinator", "grading", "evolve", "pool/local.py", "records.py")
-"""Modules (files or packages, relative to the trinity package) whose code shapes a run's results."""
-RUNTIME_ONLY: tuple[str, ...] = ("evolve/engine.py", "grading/check.py", "evolve/known_answer.py")
-"""Inside RESULT_SHAPING but not shaping results: where calls run; the grader self-check command; the scripted
-known-answer problem of bench/learnability.py (no pipeline stage imports it)."""
+ENTRY_POINTS: tuple[str, ...] = ("stages:evolve", "stages:evaluate")
+"""Where results are made, as "module:function" relative to the package (a bare "module" means all of it):
+the stage functions that train the coordinator and score it. Everything they can import is result-shaping."""
+
+RUNTIME_ONLY: dict[str, str] = {
+    "__init__.py": "process settings (OpenMP wait policy) and the package version: timing, not numbers",
+    "code_version.py": "this hasher: COMPATIBLE_REFACTORS is declared here, so hashing it would change the "
+                       "version a declaration names",
+    "evolve/engine.py": "where never-seen nodes are expanded (threads or Dask workers): the same requests, the "
+                        "same replies (tests/test_dask_cluster.py compares the two)",
+    "tracking.py": "W&B logging: writes no file a result is read from",
+    "tracking_redact.py": "removes secrets from error texts and logs; never touches a request, a reply or a score",
+}
+"""Modules a stage imports that are shown not to shape results: {file relative to the package: why}. Keep it
+short; every other module a stage can import is hashed."""
 
 COMPATIBLE_REFACTORS: dict[str, str] = {}
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
+
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
@@ -46,32 +69,116 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
-def source_files(package: Path = PACKAGE) -> list[Path]:
-    """The result-shaping source files, in a stable order."""
-    files: set[Path] = set()
-    for rel in RESULT_SHAPING:
-        p = package / rel
-        if p.is_dir():
-            files.update(p.rglob("*.py"))
-        elif p.exists():
-            files.add(p)
-        else:
-            raise FileNotFoundError(f"code_version: result-shaping module {p} is missing (see RESULT_SHAPING)")
-    skip = {package / r for r in RUNTIME_ONLY}
-    return sorted(f for f in files if f not in skip)
+def _parse(f: Path) -> ast.Module:
+    try:
+        return ast.parse(f.read_text(), filename=str(f))
+    except SyntaxError as e:
+        raise SyntaxError(f"code_version: cannot parse {f}: {e}") from None
 
 
-def raw_code_version(package: Path = PACKAGE) -> str:
+def _module_file(package: Path, module: str) -> Path | None:
+    """The file of dotted `module` inside `package` (its __init__.py for a package), None if it is no module."""
+    parts = module.split(".")
+    if parts[0] != package.name:
+        return None
+    base = package.joinpath(*parts[1:])
+    for p in (base / "__init__.py", base.with_suffix(".py") if len(parts) > 1 else None):
+        if p is not None and p.is_file():
+            return p
+    return None
+
+
+def _imports(nodes: Iterable[ast.AST], module: str, is_package: bool) -> set[str]:
+    """Every dotted name the import statements under `nodes` may load (`from a import b`: a and a.b)."""
+    out: set[str] = set()
+    for root in nodes:
+        for n in ast.walk(root):
+            if isinstance(n, ast.Import):
+                out.update(a.name for a in n.names)
+            elif isinstance(n, ast.ImportFrom):
+                if n.level:
+                    base = module.split(".") if is_package else module.split(".")[:-1]
+                    base = base[:len(base) - (n.level - 1)]
+                    mod = ".".join([*base, *([n.module] if n.module else [])])
+                else:
+                    mod = n.module or ""
+                out.add(mod)
+                out.update(f"{mod}.{a.name}" for a in n.names if a.name != "*")
+    return out
+
+
+def _scoped(tree: ast.Module, functions: set[str], module: str) -> list[ast.AST]:
+    """The parts of an entry module that its entry functions run: its module-level statements (decorators
+    included), the entry functions and, transitively, the module's functions and classes they name."""
+    defs = {n.name: n for n in tree.body if isinstance(n, _DEFS)}
+    nodes: list[ast.AST] = [n for n in tree.body if not isinstance(n, _DEFS)]
+    nodes += [d for n in defs.values() for d in n.decorator_list]
+    missing = functions - defs.keys()
+    if missing:
+        raise ValueError(f"code_version: entry point {module}:{sorted(missing)[0]} does not exist (ENTRY_POINTS)")
+    todo, seen = [*functions, *(x.id for n in list(nodes) for x in ast.walk(n) if isinstance(x, ast.Name))], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in defs:
+            continue
+        seen.add(name)
+        nodes.append(defs[name])
+        todo += [x.id for x in ast.walk(defs[name]) if isinstance(x, ast.Name)]
+    return nodes
+
+
+def _module_name(package: Path, f: Path) -> str:
+    parts = f.relative_to(package).with_suffix("").parts
+    return ".".join((package.name, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def imported_files(package: Path = PACKAGE, entries: Iterable[str] = ENTRY_POINTS) -> list[Path]:
+    """Every file of `package` the entry points can run (see the module doc), exempt ones included."""
+    roots: dict[str, set[str] | None] = {}
+    for e in entries:
+        mod, _, fn = e.partition(":")
+        name = ".".join((package.name, *mod.split("."))) if mod else package.name
+        if _module_file(package, name) is None:
+            raise FileNotFoundError(f"code_version: entry point {e!r}: no module {name} in {package}")
+        if not fn:
+            roots[name] = None
+        elif roots.get(name, set()) is not None:
+            roots.setdefault(name, set()).add(fn)
+    seen: set[Path] = set()
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        f = _module_file(package, module)
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        module = _module_name(package, f)
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # a package's __init__ runs first
+        tree = _parse(f)
+        nodes = [tree] if roots.get(module) is None else _scoped(tree, roots[module], module)
+        todo += [m for m in _imports(nodes, module, f.name == "__init__.py") if m.split(".")[0] == package.name]
+    return sorted(seen)
+
+
+def source_files(package: Path = PACKAGE, entries: Iterable[str] = ENTRY_POINTS,
+                 exempt: Mapping[str, str] | Iterable[str] = RUNTIME_ONLY) -> list[Path]:
+    """The result-shaping source files, in a stable order: what the entry points import, less the exempt."""
+    skip = {package / r for r in exempt}
+    for p in skip:
+        if not p.is_file():
+            raise FileNotFoundError(f"code_version: exempt module {p} is missing (see RUNTIME_ONLY)")
+    return [f for f in imported_files(package, entries) if f not in skip]
+
+
+def raw_code_version(package: Path = PACKAGE, entries: Iterable[str] = ENTRY_POINTS,
+                     exempt: Mapping[str, str] | Iterable[str] = RUNTIME_ONLY) -> str:
     """sha256 over (relative path, docstring-free AST dump) of every result-shaping file (16 hex chars)."""
     h = hashlib.sha256()
-    for f in source_files(package):
-        try:
-            tree = ast.parse(f.read_text(), filename=str(f))
-        except SyntaxError as e:
-            raise SyntaxError(f"code_version: cannot parse {f}: {e}") from None
+    for f in source_files(package, entries, exempt):
         h.update(f.relative_to(package).as_posix().encode())
         h.update(b"\0")
-        h.update(ast.dump(_strip_docstrings(tree), annotate_fields=False, include_attributes=False).encode())
+        h.update(ast.dump(_strip_docstrings(_parse(f)), annotate_fields=False, include_attributes=False).encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
 
@@ -95,5 +202,11 @@ def code_version() -> str:
 
 
 if __name__ == "__main__":
-    raw = raw_code_version()
-    print(f"code version {code_version()} (raw {raw}; {len(source_files())} result-shaping files)")
+    files = source_files()
+    print(f"code version {code_version()} (raw {raw_code_version()}; {len(files)} result-shaping files)")
+    if "--list" in sys.argv[1:]:
+        for f in files:
+            print(f"  {f.relative_to(PACKAGE).as_posix()}")
+        print("not hashed (RUNTIME_ONLY):")
+        for rel, why in RUNTIME_ONLY.items():
+            print(f"  {rel}: {why}")

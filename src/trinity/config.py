@@ -67,6 +67,10 @@ class PoolMember(_Section):
     n_ctx: int = 4096
     prompt_style: Literal["chat", "completion"] = "chat"
     """"completion" for base (non-chat) models: the messages are rendered as a few-shot text prompt."""
+    structured_output: bool = True
+    """OpenAI-compatible members: send the Verifier's `response_format` (a strict JSON schema holding the verdict
+    field). False for a server that rejects it (HTTP 400): the verdict is then asked for in the prompt only and
+    read from the reply's last `Verdict:` line, unconstrained (local members always use a llama.cpp grammar)."""
 
     @field_validator("temperature", "top_p", "price_input_per_mtok", "price_output_per_mtok", "timeout_s", mode="before")
     @classmethod

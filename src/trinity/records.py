@@ -78,12 +78,32 @@ class ChatMessage:
     content: str
 
 
+OUTPUT_FORMATS: tuple[str, ...] = ("verdict",)
+"""Reply shapes a request may demand (`SamplingParams.output_format`), each enforced where the backend can:
+"verdict" = the Verifier's reply, a short reason then a last line `Verdict: ACCEPT` or `Verdict: REJECT`
+(a llama.cpp grammar for local members, `response_format` JSON {"reason", "verdict"} for API members)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.7
     top_p: float = 0.95
     max_tokens: int = 256
     seed: int = 0
+    output_format: str | None = None
+    """None: free text. "verdict": see OUTPUT_FORMATS. Left out of the store key while None, so the keys of
+    unconstrained requests are what they were before the field existed."""
+
+    def __post_init__(self) -> None:
+        if self.output_format is not None and self.output_format not in OUTPUT_FORMATS:
+            raise ValueError(f"unknown output_format {self.output_format!r}; expected one of {OUTPUT_FORMATS}")
+
+    def key_fields(self) -> dict[str, Any]:
+        """What of these settings goes into a store key (`stable_hash`): every field, bar a None output_format."""
+        d = asdict(self)
+        if d["output_format"] is None:
+            del d["output_format"]
+        return d
 
 
 FailureKind = Literal["transient", "deterministic"]
@@ -133,6 +153,8 @@ def stable_hash(obj: Any) -> str:
 
 
 def _default(o: Any) -> Any:
+    if hasattr(o, "key_fields"):  # a record that says what of it shapes a key (SamplingParams)
+        return o.key_fields()
     if hasattr(o, "__dataclass_fields__"):
         return asdict(o)
     raise TypeError(f"cannot hash {type(o).__name__}")

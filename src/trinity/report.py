@@ -95,9 +95,30 @@ def _split_label(benchmark: dict) -> str:
     return _SPLIT_LABELS[split_key(benchmark)]
 
 
-def _benchmark_header(benchmark: dict) -> str:
+def _benchmark_header(benchmark: dict, turn: int | None = None) -> str:
+    """'math500 (n=10)'; a judged benchmark's columns: 'mt_bench turn 1 (n=2, 1–10)', 'mt_bench all turns (n=2x2,
+    1–10)' (items x conversation turns: the overall cell is over (item, turn) judgements)."""
     scale = "" if benchmark["scale"] <= 1 else f", 1–{benchmark['scale']:g}"
-    return f"{benchmark['name']} (n={benchmark['n']}{scale})"
+    if not _turns(benchmark):
+        return f"{benchmark['name']} (n={benchmark['n']}{scale})"
+    if turn is not None:
+        return f"{benchmark['name']} turn {turn} (n={benchmark['n']}{scale})"
+    return f"{benchmark['name']} all turns (n={benchmark['n']}x{_turns(benchmark)}{scale})"
+
+
+def _turns(benchmark: dict) -> int:
+    """Conversation turns of a benchmark scored per (item, turn) judgement (MT-Bench: 2); 0 for one unit an item."""
+    return (benchmark.get("turns") or 0) if benchmark.get("unit") == "judgement" else 0
+
+
+def _benchmark_columns(benchmark: dict) -> list[tuple[str, int | None]]:
+    """(header, turn or None) of a benchmark's main-table columns: one, or per turn then all turns."""
+    turns = [*range(1, _turns(benchmark) + 1), None] if _turns(benchmark) else [None]
+    return [(_benchmark_header(benchmark, turn), turn) for turn in turns]
+
+
+def _turn_entry(entry: dict, turn: int | None) -> dict:
+    return entry if turn is None else (entry.get("turns") or {}).get(str(turn)) or {}
 
 
 def _decimals(scale: float) -> tuple[int, int]:
@@ -187,17 +208,40 @@ def main_table(results: dict) -> list[str]:
         group = [b for b in benchmarks if split_key(b) == key]
         if not group:
             continue
-        header += [_benchmark_header(b) for b in group] + [average_label]
-        group_row += [f"**{label}**"] + [""] * len(group)
-        columns += [(b["name"], b["scale"]) for b in group] + [(key, None)]
+        group_columns = [(b, header_text, turn) for b in group for header_text, turn in _benchmark_columns(b)]
+        header += [header_text for _, header_text, _ in group_columns] + [average_label]
+        group_row += [f"**{label}**"] + [""] * len(group_columns)
+        columns += [(b["name"], b["scale"], turn) for b, _, turn in group_columns] + [(key, None, None)]
     rows = [group_row]
     for method in ordered_methods(results):
         name = method["method"]
         rows.append([method_label(method)] + [
             _fixed(_average(results, name, column)) if scale is None
-            else _score_cell(_score_entry(results, name, column), scale)
-            for column, scale in columns])
+            else _score_cell(_turn_entry(_score_entry(results, name, column), turn), scale)
+            for column, scale, turn in columns])
     return _table(header, rows)
+
+
+def _judged_note(results: dict) -> str:
+    judged = [b for b in ordered_benchmarks(results) if _turns(b)]
+    if not judged:
+        return ""
+    names = ", ".join(b["name"] for b in judged)
+    return (f" {names}: scored per (item, conversation turn) judgement, as FastChat reports MT-Bench — a column per "
+            f"turn (the mean over the items whose judgement of that turn is valid) and `all turns` (the mean over "
+            f"every valid judgement, its interval resampling items with their turns); (k unscored) there counts "
+            f"judgements that failed or gave no [[rating]] (a turn the method left unanswered scores the scale's "
+            f"minimum without a judge call, and counts).")
+
+
+def _average_basis(results: dict) -> str:
+    """Which units the averages rest on, where that is not every unit of a benchmark."""
+    partial = [f"{b['name']} {b['common_units']} of {b['units']} {'judgements' if _turns(b) else 'items'}"
+               for b in ordered_benchmarks(results)
+               if b.get("common_units") is not None and b.get("units") is not None and b["common_units"] < b["units"]]
+    return (" Here the units every method scored are: " + "; ".join(partial) + "." if partial
+            else " Here every method scored every unit, so each term is the benchmark's cell / scale."
+            if any("common_units" in b for b in results["benchmarks"]) else "")
 
 
 def _main_table_notes(results: dict) -> str:
@@ -205,10 +249,13 @@ def _main_table_notes(results: dict) -> str:
     metrics = ", ".join(f"{b['name']} {b['metric']}" for b in ordered_benchmarks(results))
     return (
         f"Cells: mean score [95% interval: percentile bootstrap over items, {bootstrap.get('resamples', '?')} "
-        f"resamples, seed {bootstrap.get('seed', '?')}]. Metrics: {metrics}. The averages are means over the "
-        f"split's benchmarks of score / scale (a 1–10 score counts as score / 10). {SMALL_SAMPLE_MARK} small "
-        f"sample (n < {_small_sample_below(results)}): the interval is wide and only indicative. {NO_VALUE}: no "
-        f"scored item; (k unscored): items without a score (MT-Bench: the judge failed or gave no [[rating]]). "
+        f"resamples, seed {bootstrap.get('seed', '?')}]. Metrics: {metrics}.{_judged_note(results)} The averages "
+        f"are means over the split's benchmarks of score / scale (a 1–10 score counts as score / 10), each "
+        f"benchmark's term taken over the units every method with a score there scored (items; MT-Bench: (item, "
+        f"turn) judgements), so every row's average rests on the same items and turns.{_average_basis(results)} "
+        f"{SMALL_SAMPLE_MARK} small sample (n < {_small_sample_below(results)}): the interval is wide and only "
+        f"indicative (for judgements: fewer than {_small_sample_below(results)} items). {NO_VALUE}: no scored "
+        f"item; (k unscored): items without a score (an outage; MT-Bench: judgements, see above). "
         f"`trinity` = the evolved coordinator (argmax policy); `alone:<member>` = that member as "
         f"Worker for one turn (MT-Bench: both conversation turns); `random-routing` = a uniform random model and "
         f"role each turn (same episode loop, seeded); `oracle:best-single` = per benchmark, the best `alone:` row "
@@ -220,37 +267,61 @@ COMPUTE_COLUMNS = (("tokens_per_task", "tokens / task", 0), ("wall_s_per_task", 
 """(field of a score entry, column label, decimals) of the compute table."""
 
 
-def mean_over_benchmarks(results: dict, method: str, field: str) -> float | None:
-    """The mean over benchmarks (each weighs the same) of a per-task figure; None if no benchmark has it."""
-    values = [_score_entry(results, method, b["name"]).get(field) for b in results["benchmarks"]]
-    values = [v for v in values if v is not None]
-    return float(np.mean(values)) if values else None
+def _split_benchmarks(results: dict, split: str | None) -> list[dict]:
+    return [b for b in ordered_benchmarks(results) if split is None or split_key(b) == split]
 
 
-def _total_over_benchmarks(results: dict, method: str, field: str) -> int:
-    return sum(_score_entry(results, method, b["name"]).get(field) or 0 for b in results["benchmarks"])
+def mean_per_item(results: dict, method: str, field: str, split: str | None = None) -> float | None:
+    """The mean over the items of a split's benchmarks (every item weighs the same: a benchmark's per-task figure
+    weighted by its item count) of a per-task figure; None if no benchmark has it. split None: all benchmarks."""
+    pairs = [(_score_entry(results, method, b["name"]).get(field), b["n"]) for b in _split_benchmarks(results, split)]
+    pairs = [(v, n) for v, n in pairs if v is not None and n]
+    return float(np.average([v for v, _ in pairs], weights=[n for _, n in pairs])) if pairs else None
 
 
-def compute_table(results: dict) -> list[str]:
+def _total_over_benchmarks(results: dict, method: str, field: str, split: str | None = None) -> int:
+    return sum(_score_entry(results, method, b["name"]).get(field) or 0 for b in _split_benchmarks(results, split))
+
+
+def compute_table(results: dict, split: str | None = None) -> list[str]:
+    """Compute per task of each method, averaged over the items of `split`'s benchmarks (None: every benchmark)."""
     header = ["method"] + [label for _, label, _ in COMPUTE_COLUMNS] + ["new LLM calls", "failed calls"]
     rows = []
     for method in ordered_methods(results):
         if method.get("kind") == "oracle":
             continue
         name = method["method"]
-        cells = [_fixed(mean_over_benchmarks(results, name, field), digits) for field, _, digits in COMPUTE_COLUMNS]
-        rows.append([method_label(method)] + cells + [str(_total_over_benchmarks(results, name, "calls_new")),
-                                                      str(_total_over_benchmarks(results, name, "failed_calls"))])
+        cells = [_fixed(mean_per_item(results, name, field, split), digits) for field, _, digits in COMPUTE_COLUMNS]
+        rows.append([method_label(method)] + cells
+                    + [str(_total_over_benchmarks(results, name, "calls_new", split)),
+                       str(_total_over_benchmarks(results, name, "failed_calls", split))])
     return _table(header, rows)
+
+
+def _items_phrase(benchmarks: list[dict]) -> str:
+    """'math500, mmlu, mbpp: 30 items'."""
+    return f"{', '.join(b['name'] for b in benchmarks)}: {sum(b['n'] for b in benchmarks)} items"
+
+
+def compute_section(results: dict) -> list[str]:
+    """One compute table per split, under a heading naming the items it averages over."""
+    lines = ["## Compute per task", ""]
+    for key, label, _ in SPLITS:
+        group = _split_benchmarks(results, key)
+        if group:
+            lines += [f"### {label.capitalize()} items ({_items_phrase(group)})", ""] + compute_table(results, key)
+            lines += [""]
+    return lines + [_compute_notes(results), ""]
 
 
 def _compute_notes(results: dict) -> str:
     minutes = f"{results['wall_s'] / 60:.1f} min" if results.get("wall_s") is not None else "an unrecorded time"
     return (
-        "Per task = per benchmark item, averaged over benchmarks (each benchmark weighs the same). Tokens: prompt "
-        "+ completion of every pool call of the item (the MT-Bench judge not included); seconds: the summed "
-        "latency of those calls as recorded when they were paid (a stored reply keeps its original figure); "
-        "new LLM calls: calls not already in the response store when this run asked, summed over benchmarks. "
+        "Per task = per item of the split's benchmarks named in the heading (every item weighs the same; an MT-Bench "
+        "item is its whole conversation, both turns). Tokens: prompt + completion of every pool call of the item "
+        "(the MT-Bench judge not included); seconds: the summed latency of those calls as recorded when they were "
+        "paid (a stored reply keeps its original figure); mean turns: pool turns per item; new LLM calls: calls "
+        "not already in the response store when this run asked, summed over the split's benchmarks. "
         f"This evaluation made {results.get('pool_calls', '?')} new pool calls ({results.get('store_hits', '?')} "
         f"store hits) in {minutes}. The oracle is left out: it makes no calls of its own.")
 
@@ -263,12 +334,84 @@ def paired_table(results: dict) -> list[str]:
         comparisons = paired.get(name) or []
         if not comparisons:
             rows.append([name, NO_VALUE, NO_VALUE, NO_VALUE, "no paired data"])
+        judged = bool(_turns(benchmark))
         for c in comparisons:
-            outcome = f"**{c['outcome']}**" if c["outcome"] == "loses" else c["outcome"]
-            n = f"{c['n']}{SMALL_SAMPLE_MARK if c.get('small_sample') else ''}"
-            rows.append([name, f"{c['a']} − {c['b']} ({c['label']})",
-                         score_text(c.get("diff"), c.get("ci95"), scale, signed=True), n, outcome])
+            rows.append(_paired_row(f"{name} all turns" if judged else name, c, scale, judged))
+        for turn in range(1, _turns(benchmark) + 1):
+            for c in comparisons:
+                if str(turn) in (c.get("turns") or {}):
+                    rows.append(_paired_row(f"{name} turn {turn}", c["turns"][str(turn)], scale, False))
     return _table(["benchmark", "comparison", "difference [95% interval]", "n", "outcome"], rows)
+
+
+def _n_text(c: dict, units: str | None) -> str:
+    """'30†', or for units other than items '7 judgements, 4 items†'."""
+    mark = SMALL_SAMPLE_MARK if c.get("small_sample") else ""
+    if units is None or c.get("items") is None or c["items"] == c["n"]:
+        return f"{c['n']}{mark}" if units is None else f"{c['n']} items{mark}"
+    return f"{c['n']} {units}, {c['items']} items{mark}"
+
+
+def _outcome_text(c: dict) -> str:
+    return f"**{c['outcome']}**" if c["outcome"] == "loses" else c["outcome"]
+
+
+def _paired_row(name: str, c: dict, scale: float, judged: bool) -> list[str]:
+    return [name, f"{c['a']} − {c['b']} ({c['label']})", score_text(c.get("diff"), c.get("ci95"), scale, signed=True),
+            _n_text(c, "judgements") if judged else _n_text(c, None), _outcome_text(c)]
+
+
+def pooled_table(results: dict) -> list[str]:
+    """Per split: the coordinator minus one best member and minus random routing over every unit both scored."""
+    pooled = results.get("pooled_paired") or {}
+    benchmarks = {b["name"]: b for b in results["benchmarks"]}
+    rows = []
+    for key, label, _ in SPLITS:
+        entry = pooled.get(key)
+        if not entry:
+            continue
+        names = [f"{n} as (item, turn) / {benchmarks[n]['scale']:g}" if n in benchmarks and _turns(benchmarks[n])
+                 else n for n in entry.get("benchmarks", [])]
+        where = f"{label} ({', '.join(names)})"
+        if not entry.get("comparisons"):
+            rows.append([where, NO_VALUE, NO_VALUE, NO_VALUE, NO_VALUE, "no paired data"])
+        for c in entry.get("comparisons") or []:
+            rows.append([where, f"{c['a']} − {c['b']} ({c['label']})",
+                         score_text(c.get("diff"), c.get("ci95"), 1.0, signed=True), _n_text(c, "units"),
+                         f"{c.get('a_better', '?')} / {c.get('b_better', '?')}", _outcome_text(c)])
+    return _table(["split (benchmarks pooled)", "comparison", "difference [95% interval]", "n",
+                   "units trinity higher / lower", "outcome"], rows)
+
+
+def _pooled_scores_sentence(results: dict) -> str:
+    pooled = results.get("pooled_paired") or {}
+    sentences = []
+    for key, label, _ in SPLITS:
+        entry = pooled.get(key)
+        if not entry:
+            continue
+        scores = [(m["method"], (entry.get("scores") or {}).get(m["method"])) for m in ordered_methods(results)
+                  if m.get("kind") != "oracle"]
+        scores = ", ".join(f"`{m}` {v:.3f}" for m, v in scores if v is not None)
+        if scores:
+            sentences.append(f"{label.capitalize()} pooled scores over the {entry.get('common_units')} units every "
+                             f"method scored (of {entry.get('units')}): {scores}.")
+    return " ".join(sentences)
+
+
+def pooled_section(results: dict) -> list[str]:
+    if not results.get("pooled_paired"):
+        return []
+    judged = [b["name"] for b in ordered_benchmarks(results) if _turns(b)]
+    per_turn = (f" {', '.join(judged)} per turn: the `turn k` rows of the per-benchmark table above." if judged else "")
+    return ["## Pooled paired comparisons, per split", "",
+            "Per split, every item of the split's benchmarks that both methods scored, pooled on one scale (score / "
+            "scale: an accuracy as is, an MT-Bench judgement / 10, each (item, turn) judgement one unit), the "
+            "coordinator's score minus another method's; the bootstrap resamples items (an MT-Bench item with its "
+            "turns). The best single member here is one member for the whole split: the `alone:` row with the best "
+            "pooled score on the units every method scored, chosen in hindsight (not the per-benchmark picks "
+            "mixed). n: the units compared (and the items they come from, where an item gives more than one); the "
+            "outcome as above." + per_turn, ""] + pooled_table(results) + ["", _pooled_scores_sentence(results), ""]
 
 
 def _join(items: list[str]) -> str:
@@ -412,11 +555,13 @@ def summary_markdown(results: dict, meta: dict, history: list[dict]) -> str:
     lines = ["# Trinity — evaluation", ""]
     lines += _setup_paragraph(results, meta) + [""]
     lines += main_table(results) + ["", _main_table_notes(results), ""]
-    lines += ["## Compute per task", ""] + compute_table(results) + ["", _compute_notes(results), ""]
-    lines += ["## Paired comparisons", "",
-              "Per benchmark, the coordinator's score minus another method's on the same items (the items are "
-              "resampled in pairs), in the benchmark's own unit.", ""]
+    lines += compute_section(results)
+    lines += ["## Paired comparisons, per benchmark", "",
+              "Per benchmark, the coordinator's score minus another method's on the same units (the units are "
+              "resampled in pairs), in the benchmark's own unit; MT-Bench pairs the (item, turn) judgements both "
+              "methods have valid: all turns (resampling items with their turns), then each turn.", ""]
     lines += paired_table(results) + ["", reading(results), ""]
+    lines += pooled_section(results)
     lines += _judge_section(results.get("judge"))
     lines += _never_trained_on_section(results)
     lines += _evolution_section(meta, history)
@@ -622,31 +767,35 @@ def fitness_figure(history: list[dict]) -> Figure:
 
 
 def score_vs_compute_figure(results: dict) -> Figure:
-    """Each method at (tokens per task, average normalised score): held-out filled circles, in-distribution hollow
-    triangles, one colour per method named in the legend (labels beside the points would overlap)."""
+    """Each method at (tokens per task, average normalised score), per split (tokens per task over that split's
+    items): held-out filled circles, in-distribution hollow triangles, one colour per method named in the legend
+    (labels beside the points would overlap)."""
     figure = Figure(figsize=(7.6, 4.4), layout="constrained")
     ax = figure.subplots()
     methods = ordered_methods(results)
     colours = method_colours(methods)
-    tokens_of = {m["method"]: mean_over_benchmarks(results, m["method"], "tokens_per_task") for m in methods}
-    plotted = [m for m in methods if tokens_of[m["method"]] is not None]
+    tokens_of = {(m["method"], split): mean_per_item(results, m["method"], "tokens_per_task", split)
+                 for m in methods for split in ("in_distribution", "heldout")}
+    plotted = [m for m in methods if any(tokens_of[(m["method"], split)] is not None
+                                         for split in ("in_distribution", "heldout"))]
     for method in plotted:
         name, colour = method["method"], colours[method["method"]]
         in_distribution, held_out = _average(results, name, "in_distribution"), _average(results, name, "heldout")
-        if in_distribution is not None:
-            ax.scatter(tokens_of[name], in_distribution, marker="^", facecolors="none", edgecolors=colour, s=70,
-                       linewidths=1.5)
-        if held_out is not None:
-            ax.scatter(tokens_of[name], held_out, marker="o", color=colour, edgecolors="dimgrey", s=70)
+        if in_distribution is not None and tokens_of[(name, "in_distribution")] is not None:
+            ax.scatter(tokens_of[(name, "in_distribution")], in_distribution, marker="^", facecolors="none",
+                       edgecolors=colour, s=70, linewidths=1.5)
+        if held_out is not None and tokens_of[(name, "heldout")] is not None:
+            ax.scatter(tokens_of[(name, "heldout")], held_out, marker="o", color=colour, edgecolors="dimgrey", s=70)
         ax.scatter([], [], marker="s", color=colour, label=method_label(method))
     ax.scatter([], [], marker="o", color="grey", edgecolors="dimgrey", label="held-out average")
     ax.scatter([], [], marker="^", facecolors="none", edgecolors="grey", linewidths=1.5,
                label="in-distribution average")
-    smallest = min((tokens_of[m["method"]] for m in plotted), default=0)
-    if smallest > 0 and max(tokens_of[m["method"]] for m in plotted) > 10 * smallest:
+    shown = [v for v in tokens_of.values() if v is not None]
+    smallest = min(shown, default=0)
+    if smallest > 0 and max(shown) > 10 * smallest:
         ax.set_xscale("log")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    ax.set_xlabel("tokens per task (mean over benchmarks)")
+    ax.set_xlabel("tokens per task (mean over the split's items)")
     ax.set_ylabel("average score / scale")
     ax.set_title("Score against compute", fontsize=10)
     ax.grid(alpha=0.3)

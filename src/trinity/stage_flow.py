@@ -20,14 +20,18 @@ BAD_INPUT = (ValueError, FileNotFoundError)
 
 
 def retry_unless_bad_input(task, task_run, state) -> bool:
-    """Retry filter of LLM-bound tasks: an outage or a timeout is retried, bad input fails at once."""
-    return not isinstance(state.result(raise_on_failure=False), BAD_INPUT)
+    """Retry filter of LLM-bound tasks: an outage or a timeout is retried, bad input fails at once. An outage reaches
+    here as `trinity.coordinator.episode.OutageError`: pool calls return a failed reply rather than raise, so the
+    evolve and evaluate stages raise it themselves when outages left their work unranked or unscored."""
+    return not isinstance(state.result(raise_on_failure=False), BAD_INPUT)  # OutageError is a RuntimeError
 
 
 LLM_BOUND_RETRIES = dict(retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=60), retry_jitter_factor=0.5,
                          retry_condition_fn=retry_unless_bad_input)
 """Retries of a task that calls models: 60 s then 120 s (each ±50% jitter). A retried stage pays no call twice: the
-store keeps every reply the failed attempt got, and evolve resumes from its last generation."""
+store keeps every reply the failed attempt got (never an outage: those are asked again), and evolve resumes from its
+last checkpointed generation. What fires them: an `OutageError` (evolve: a candidate left with no episode free of
+an outage; evaluate: items unscored by an outage, raised after its results are written), a timeout, a crash."""
 LLM_BOUND_STAGES = frozenset({"evolve", "evaluate"})
 EVAL_SCORES_ARTIFACT_KEY = "trinity-eval-scores"
 

@@ -192,9 +192,17 @@ def _generation_logger(tracker, pool_names: list[str], prefix: str = "", step: b
         print(f"[{'ablation' if prefix else 'evolve'}:{rec.method}] gen {rec.generation}: saved vector "
               f"{rec.saved_fitness:.3f} (acc {rec.saved_accuracy:.2f}); candidates mean {rec.mean_fitness:.3f} "
               f"best {rec.best_candidate_fitness:.3f}; step {rec.sigma:.4g} calls {rec.calls_made} "
-              f"hits {rec.store_hits} ({rec.wall_s:.1f}s)", flush=True)
+              f"hits {rec.store_hits}{_outage_note(rec)} ({rec.wall_s:.1f}s)", flush=True)
 
     return on_generation
+
+
+def _outage_note(rec) -> str:
+    """The progress line's outage count, when a generation had any: episodes left out of the fitness, replays."""
+    if not (rec.outage_episodes or rec.outage_replays or rec.saved_outage_episodes):
+        return ""
+    return (f"; outages: {rec.outage_episodes} of {rec.episodes} episodes left out ({rec.outage_replays} replayed), "
+            f"{rec.saved_outage_episodes} of the saved vector's")
 
 
 def _train(settings: Settings, train, pool, states, store, *, resume_path: Path, run_id: str, on_generation,
@@ -261,6 +269,7 @@ def evolve(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
                    "code_version": code_version(), "calls_made": pool.stats.calls_made,
                    "store_hits": pool.stats.store_hits, "failed_calls": pool.stats.failures,
                    "transient_failures": pool.stats.transient_failures,
+                   "outage_episodes": sum(r["outage_episodes"] for r in history),
                    "n_params": layout.n_params, "svf_params": layout.n_svf}
         _write_json(paths.evolve_dir / "metrics.json", metrics)
     _lineage(tracker, uses=("prepared",), logs="checkpoint",
@@ -373,6 +382,7 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     _write_json(paths.eval_dir / "results.json", out)
     metrics = _eval_metrics(out)
     _write_json(paths.eval_dir / "metrics.json", metrics)
+    _raise_on_outages(run.items)  # after writing: nothing computed is lost, and the retry pays only the outages
     if tracker is not None:
         from trinity.tracking import log_eval_results
 
@@ -381,6 +391,26 @@ def evaluate(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
              files=[paths.eval_dir / n for n in ("results.json", "metrics.json", "episodes.jsonl")],
              metadata={"averages": out["averages"], "checkpoint": out["checkpoint"]})
     return metrics
+
+
+def _raise_on_outages(items) -> None:
+    """OutageError when items are unscored because a call failed transiently (evaluation marks them "outage: ..."):
+    how many, by which members, and that a rerun asks only those calls again (every other reply is stored)."""
+    from collections import Counter
+
+    from trinity.coordinator.episode import OutageError, is_outage
+
+    out = [it for it in items if (it.error or "").startswith("outage:")]
+    if not out:
+        return
+    by = Counter(next((t.model for _, t in it.turns if is_outage(t)), "?") for it in out)
+    methods = Counter(it.method for it in out)
+    raise OutageError(
+        f"evaluate: {len(out)} of {len(items)} items unscored by an outage (failed calls by member: "
+        f"{', '.join(f'{m}: {k}' for m, k in sorted(by.items()))}; by method: "
+        f"{', '.join(f'{m}: {k}' for m, k in sorted(methods.items()))}). The results are written with those items "
+        "unscored; every other reply is in the store, so a rerun (the stage task retries) asks only the failed calls "
+        "again")
 
 
 def _eval_metrics(res: dict) -> dict:
@@ -395,14 +425,12 @@ def _eval_metrics(res: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------ report
 def report(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
-    """reports/summary.md, reports/plots/*.png and reports/traces.md from the run's own files (trinity.report),
-    and the store exported to Parquet."""
+    """reports/summary.md, reports/plots/*.png and reports/traces.md from the run's own files (trinity.report):
+    its declared dependencies only. (The store's Parquet export is `trinity export`: the store is a cache every
+    run adds to, so its export is no output of this stage's dependencies.)"""
     from trinity.report import write_report
-    from trinity.store import Store
 
     written = write_report(paths.eval_dir, paths.evolve_dir, paths.checkpoint.with_suffix(".json"), paths.reports)
-    with Store(paths.store, read_only=True) as store:  # a reader: works while another process writes the store
-        store.export_parquet(paths.exports)
     if tracker is not None:  # the tables were logged by the evaluate stage's run; the report's run shows the plots
         for name, p in written.items():
             if p.suffix == ".png":

@@ -3,6 +3,10 @@
 Both resample items with a seeded numpy Generator (never the global RNG), so a rerun of the same results
 prints the same intervals. Paired: the two methods' scores on the *same* items are resampled together, so the
 interval of the difference reflects item-level agreement (much tighter than two independent intervals).
+
+A scoring unit need not be an item: MT-Bench is scored per (item, conversation turn) judgement. Then `clusters`
+names each value's item and the bootstrap resamples items, each carrying all of its units (a cluster bootstrap of
+the mean over units): an item's two turns are not independent draws.
 """
 from __future__ import annotations
 
@@ -26,10 +30,18 @@ class Interval:
     low: float
     high: float
     n: int
+    """Scoring units (items, or (item, turn) judgements)."""
+    clusters: int | None = None
+    """Items resampled, when the units were resampled by item (None: each unit is its own item)."""
+
+    @property
+    def resampled(self) -> int:
+        """How many independent units the interval rests on: the items."""
+        return self.n if self.clusters is None else self.clusters
 
     @property
     def small_sample(self) -> bool:
-        return self.n < SMALL_SAMPLE
+        return self.resampled < SMALL_SAMPLE
 
     def as_dict(self) -> dict:
         return {"estimate": self.estimate, "ci95": [self.low, self.high], "n": self.n,
@@ -42,30 +54,52 @@ def _resample_means(x: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
     return x[idx].mean(axis=1)
 
 
+def _resample_cluster_means(x: np.ndarray, clusters: Sequence, n_resamples: int, seed: int) -> np.ndarray:
+    """Means over units of item-resampled data: draw items with replacement, pool all their units."""
+    index: dict = {}
+    labels = np.array([index.setdefault(c, len(index)) for c in clusters])
+    sums = np.bincount(labels, weights=x, minlength=len(index))
+    counts = np.bincount(labels, minlength=len(index)).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(index), size=(n_resamples, len(index)))
+    return sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
+
+
 def bootstrap_mean(values: Sequence[float], *, n_resamples: int = N_RESAMPLES, seed: int = 0,
-                   level: float = 0.95) -> Interval:
-    """The mean of `values` and its percentile bootstrap interval. No values: NaN estimate and interval."""
+                   level: float = 0.95, clusters: Sequence | None = None) -> Interval:
+    """The mean of `values` and its percentile bootstrap interval. No values: NaN estimate and interval.
+    `clusters` (one hashable label per value, e.g. the item of an (item, turn) judgement): resample the labels,
+    each with all its values; when every label is distinct this is the plain bootstrap, the same numbers."""
     x = np.asarray(values, dtype=np.float64)
     if x.ndim != 1:
         raise ValueError(f"bootstrap_mean needs a 1-d sequence of scores, got shape {x.shape}")
+    if clusters is not None and len(clusters) != len(x):
+        raise ValueError(f"bootstrap_mean: {len(clusters)} cluster labels for {len(x)} values")
+    n_clusters = None if clusters is None else len(set(clusters))
+    if n_clusters == len(x):
+        n_clusters = None  # one unit per item: the plain bootstrap
     if len(x) == 0:
         return Interval(float("nan"), float("nan"), float("nan"), 0)
     if not np.all(np.isfinite(x)):
         raise ValueError("bootstrap_mean: scores must be finite (leave unscored items out, and count them)")
-    means = _resample_means(x, n_resamples, seed)
+    if n_clusters is None:
+        means = _resample_means(x, n_resamples, seed)
+    else:
+        means = _resample_cluster_means(x, clusters, n_resamples, seed)
     a = (1.0 - level) / 2
     lo, hi = np.quantile(means, [a, 1.0 - a])
-    return Interval(float(x.mean()), float(lo), float(hi), len(x))
+    return Interval(float(x.mean()), float(lo), float(hi), len(x), n_clusters)
 
 
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, n_resamples: int = N_RESAMPLES, seed: int = 0,
-                     level: float = 0.95) -> Interval:
-    """mean(a - b) over paired items (a[i] and b[i] are two methods' scores on item i) with its percentile
-    bootstrap interval; the items are resampled, the pairs kept together."""
+                     level: float = 0.95, clusters: Sequence | None = None) -> Interval:
+    """mean(a - b) over paired units (a[i] and b[i] are two methods' scores on unit i) with its percentile
+    bootstrap interval; the units (or, with `clusters`, the items they belong to) are resampled, the pairs kept
+    together."""
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if x.shape != y.shape or x.ndim != 1:
         raise ValueError(f"paired_bootstrap needs two equal-length 1-d sequences, got {x.shape} and {y.shape}")
-    return bootstrap_mean(x - y, n_resamples=n_resamples, seed=seed, level=level)
+    return bootstrap_mean(x - y, n_resamples=n_resamples, seed=seed, level=level, clusters=clusters)
 
 
 def compare(interval: Interval) -> str:
@@ -73,7 +107,7 @@ def compare(interval: Interval) -> str:
     'too few items' below MIN_ITEMS_FOR_OUTCOME paired items (the point estimate is still reported)."""
     if interval.n == 0 or np.isnan(interval.low):
         return "no data"
-    if interval.n < MIN_ITEMS_FOR_OUTCOME:
+    if interval.resampled < MIN_ITEMS_FOR_OUTCOME:
         return "too few items"
     if interval.low > 0:
         return "wins"

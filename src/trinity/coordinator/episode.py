@@ -12,6 +12,12 @@ role prompts, its edges' response keys and parsed replies, and its grade; a turn
 candidate and one vectorised draw; picks are drawn exactly as `Generator.choice(n, p)` would. Results are
 those of the straightforward loop (tests/reference_episode.py; tests/test_episode_hotpath.py checks it).
 With SVF, each candidate's transcripts are encoded under its own adapter (episodes grouped by candidate).
+
+An outage is not a sample (README, "An outage is not a sample"): an episode one of whose calls failed transiently
+(`Turn.failure == "transient"`) is marked `outage` and gets no reward (None, never 0 or a diversity bonus); its
+reply says nothing about the route, so the training loops leave it out of every fitness and count it
+(`trinity.evolve.sep_cma`). With `stop_on_outage` (the training loops) it ends at the failed call, so no further
+call is paid for an episode that cannot count.
 """
 from __future__ import annotations
 
@@ -32,6 +38,17 @@ from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, forc
 from trinity.coordinator.streams import EpisodeStream, episode_streams
 from trinity.records import ChatMessage, Task, stable_hash
 from trinity.store import Store, text_key
+
+
+class OutageError(RuntimeError):
+    """A stage left work unscored because pool calls failed transiently (an outage: 429, 5xx, timeout...).
+    Nothing computed is lost: every reply is in the store, and outages never are, so a rerun asks only the failed
+    calls again. A RuntimeError, not bad input: the LLM-bound stage tasks retry it (`trinity.stage_flow`)."""
+
+
+def is_outage(turn: Turn) -> bool:
+    """Whether a turn is an outage: a call that failed for the provider's reasons, not the request's."""
+    return turn.failure == "transient"
 
 
 ROLE_VALUE = {r: r.value for r in Role}
@@ -220,7 +237,11 @@ class Episode:
     done: bool = False
     cost_usd: float = 0.0
     correct: float = 0.0
-    reward: float = 0.0
+    """The grade of `answer` (of the answer it had before the outage, for an outage episode: descriptive only)."""
+    reward: float | None = 0.0
+    """The shaped reward; None for an outage episode (not a sample: it is no evidence about the route)."""
+    outage: bool = False
+    """A call of this episode failed transiently (an outage): the episode is left out of every fitness."""
     features: list[np.ndarray] = field(default_factory=list, repr=False)
     """With keep_features: the hidden state each pick was made from (for policy gradients)."""
     forced: list[bool] = field(default_factory=list, repr=False)
@@ -294,8 +315,11 @@ def episode_cost(ep: Episode, unit: str) -> float:
     raise ValueError(f"reward.cost_unit {unit!r}: expected usd, ktokens or seconds")
 
 
-def shaped_reward(ep: Episode, max_turns: int, w: RewardSettings) -> float:
-    """Correctness + diversity bonus − turn penalty − cost (DESIGN.md); a Verifier before any answer → 0."""
+def shaped_reward(ep: Episode, max_turns: int, w: RewardSettings) -> float | None:
+    """Correctness + diversity bonus − turn penalty − cost (DESIGN.md); a Verifier before any answer → 0; an
+    episode hit by an outage → None (no reward at all: not a sample)."""
+    if ep.outage:
+        return None
     if ep.verifier_first:
         return 0.0
     n_turns = len(ep.turns)
@@ -307,13 +331,15 @@ def shaped_reward(ep: Episode, max_turns: int, w: RewardSettings) -> float:
 async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray], pool, states: StateCache,
                         max_turns: int, reward: RewardSettings, grade: Callable[[Task, str], float], *,
                         adapters: Sequence[np.ndarray] | None = None, trees: RolloutTrees | None = None,
-                        keep_features: bool = False) -> None:
+                        keep_features: bool = False, stop_on_outage: bool = False) -> None:
     """Play every episode to the end, in place. `heads[c]` is the (L+3) x d matrix of candidate c.
 
     adapters: SVF scales per candidate (`adapters[c]`); each candidate's transcripts are then encoded with
         its own δ (episodes grouped by candidate). None = one encoder for everyone.
     trees: the run's memoised rollout trees (a fresh one if None: memoisation within this call only).
     keep_features: record each pick's hidden state in `Episode.features` (REINFORCE needs them).
+    stop_on_outage: end an episode at its first outage (the training loops: the episode cannot count, so no
+        further call is paid for it). Either way an outage marks the episode (`outage`, reward None).
 
     One turn = one batch: the states of every active episode (stored ones cost a lookup), one matrix product
     per candidate, the picks, then every pool request of the turn in one `pool.complete_many` (stored or
@@ -394,6 +420,11 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
             e.turns += (turn,)
             e.node = edge.child
             e.cost_usd += resp.cost_usd
+            if turn.failure == "transient":  # (is_outage, inlined)
+                e.outage = True
+                if stop_on_outage:
+                    e.done = True
+                    continue
             if turn.role is Role.THINKER:
                 e.forced_role = forced_role(turn, e.node.answer)
             if (turn.role is Role.VERIFIER and turn.verdict == "ACCEPT") or len(e.turns) >= max_turns:

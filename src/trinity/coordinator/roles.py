@@ -5,12 +5,16 @@ Thinker  reads query + earlier thoughts + current answer; replies with <suggesti
          (the suggested role overrides the head's next role pick — `forced_role`). While there is no answer
          yet it is asked for a Worker only, and a Verifier it names anyway is ignored (the head's pick stands):
          a Verifier with nothing to verify would end the episode at 0 (measured: 2 of 12 evaluation items).
-Verifier reads query + current answer; replies ACCEPT or REJECT (read as a whole word or a field such as
-         "Verdict: accept"; a negated accept such as "cannot accept", "unacceptable" is REJECT; the
-         first clear verdict decides; default REJECT).
+Verifier reads query + current answer; replies with a short reason, then a last line `Verdict: ACCEPT` or
+         `Verdict: REJECT` (`SamplingParams.output_format` "verdict": local members decode under a grammar that
+         admits only that shape, API members get it as structured output, a JSON object with a "verdict"
+         member). Only that field is read (`parse_verdict`); a reply without it is no verdict (Turn.verdict
+         None): the episode goes on, since only ACCEPT ends it. Prose is never read as a verdict: "It is
+         impossible to accept this answer." once read as ACCEPT, and a false ACCEPT stops on an unchecked answer.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -38,7 +42,7 @@ class Turn:
     ok: bool = True
     suggestion: str | None = None
     suggested_role: Role | None = None
-    verdict: str | None = None  # "ACCEPT" / "REJECT" for Verifier turns
+    verdict: str | None = None  # a Verifier's verdict field, "ACCEPT" / "REJECT"; None: no field (no verdict)
     # What the call cost, as recorded when it was paid (a stored reply keeps its original figures). Not part of
     # a turn's identity: two calls that said the same thing are the same turn.
     prompt_tokens: int = field(default=0, compare=False)
@@ -60,6 +64,14 @@ ANSWER_FORMAT = {
     "code": "Write a complete, self-contained Python solution in one ```python code block.",
     "judge": "",
 }
+
+VERDICTS: tuple[str, ...] = ("ACCEPT", "REJECT")
+
+VERIFIER_INSTRUCTION = (
+    "Is the proposed answer correct? Reply with at most two short sentences of reasoning, then end with your "
+    "verdict, ACCEPT or REJECT, on a last line of the form `Verdict: ACCEPT` or `Verdict: REJECT`.")
+"""What a Verifier is asked (after the question and the proposed answer). The example fields sit inside a
+sentence, so a model that echoes the prompt back has given no verdict: a field starts its line."""
 
 
 def coordinator_text(task: Task, turns: tuple[Turn, ...]) -> str:
@@ -152,7 +164,7 @@ def role_messages(role: Role, task: Task, turns: tuple[Turn, ...]) -> list[ChatM
                 ChatMessage("user", body)]
     if role is Role.VERIFIER:
         body = (f"{earlier}Question:\n{task.query}\n\nProposed answer:\n{_clip(answer or '')}\n\n"
-                "Is the proposed answer correct? Reply with ACCEPT or REJECT first, then one sentence why.")
+                f"{VERIFIER_INSTRUCTION}")
         return [ChatMessage("system", "You are a strict verifier."), ChatMessage("user", body)]
     raise ValueError(f"unknown role {role!r}")
 
@@ -172,96 +184,50 @@ def parse_thinker(text: str) -> tuple[str | None, Role | None]:
     return suggestion, (Role(r.group(1).lower()) if r else None)
 
 
-_VERDICT_WORD = re.compile(
-    r"(?<![A-Za-z])(?:(?P<un>un)?accept(?P<form>s|ed|able|ing)?|reject(?:s|ed|ing)?)(?![A-Za-z])", re.I)
-"""A verdict word, whole words only ("acceptance", "ACCEPTREJECT" are none)."""
-_VERDICT_ECHO = re.compile(r"(?<![A-Za-z])(?:accept\s*(?:or|/|\|)\s*reject|reject\s*(?:or|/|\|)\s*accept)(?![A-Za-z])",
-                           re.I)
-"""The prompt's "ACCEPT or REJECT" repeated back: not a verdict."""
-_VERDICT_FIELD = re.compile(
-    r"(?:<verdict>|(?<![A-Za-z])(?:final\s+)?(?:verdict|decision|judge?ment|answer|conclusion|result)\W{0,3}?[:=])"
-    r"[\s*_`\"'\[(<>-]*(?:not\s+)?", re.I)
-"""A structured field ("Verdict: X", "**Decision:** X", "<verdict>X</verdict>"), up to where its value starts."""
-_VERDICT_LEAD = re.compile(r"[\s*_`\"'\[(<>#-]*(?:not\s+)?", re.I)
-"""What may precede a verdict at the very start of the reply: markdown, quotes, a "not"."""
-_NEGATORS = frozenset("not no never nothing nor neither cannot unable refuse refuses".split())
-_CLAUSE_STARTS = frozenset("but however yet though although so therefore thus hence and because".split())
-_AFFIRMING_BE = re.compile(r"(?<![A-Za-z])(?:is|are|be|was|were|been|seems|looks|appears)\s+"
-                           r"(?:(?:fully|entirely|perfectly|completely|clearly|definitely)\s+)?$", re.I)
+_FIELD = re.compile(r"verdict\s*:(?P<value>.*)", re.I)
+_MARKUP = str.maketrans("", "", "*`_")
+_FENCE = re.compile(r"^```(?:json)?\s*(?P<body>.*?)\s*```$", re.I | re.S)
 
 
-def _negated(text: str, start: int) -> bool:
-    """Is there a negation among the five words before `start`, in the same clause? ("I do not accept",
-    "should not be accepted", "I don't think we should accept", "can't accept", "nothing to reject")"""
-    clause = re.split(r"[.!?;:,\n()]", text[:start])[-1]
-    words = [w.lower().replace("\u2019", "'") for w in re.findall(r"[A-Za-z]+(?:['\u2019][A-Za-z]+)?", clause)]
-    for i in range(len(words) - 1, -1, -1):
-        if words[i] in _CLAUSE_STARTS:  # "it is not perfect but I accept": the negation is in another clause
-            words = words[i + 1:]
-            break
-    return any(w in _NEGATORS or w.endswith("n't") for w in words[-5:])
+def parse_verdict(text: str) -> str | None:
+    """The verdict field of a Verifier reply: "ACCEPT", "REJECT", or None when the reply has no such field.
 
-
-def _in_question(text: str, end: int) -> bool:
-    """Does the sentence around text[end] end with '?' ("Should we accept?" is no verdict)?"""
-    m = re.search(r"[.!?\n]", text[end:])
-    return m is not None and m.group() == "?"
-
-
-_CONDITION = re.compile(r"[\s,]*(?:only\s+)?(?:if|unless|when|provided)(?![A-Za-z])", re.I)
-"""A verdict word followed by a condition ("Accept if correct", "I would accept if ...") is no verdict."""
-
-
-def _verdict_of(text: str, m: re.Match, affirming: bool) -> str | None:
-    """What one verdict word says, or None when it says nothing (a negated "reject", an attributive
-    "acceptable", "accepted" outside a verdict position)."""
-    negated = _negated(text, m.start())
-    if m.group().lower().startswith("reject"):
-        return None if negated else "REJECT"
-    if m.group("un"):  # unacceptable, unaccepted
-        return None if negated else "REJECT"
-    if m.group("form") in (None, "s", "ing"):  # accept, accepts, accepting
-        return "REJECT" if negated else "ACCEPT"
-    if negated:  # not acceptable, not accepted
-        return "REJECT"
-    # "accepted" / "acceptable" affirm only as the verdict (start of the reply, a field) or as a predicate
-    if affirming or _AFFIRMING_BE.search(text[:m.start()]):
-        return "ACCEPT"
+    The field is the last line that starts with "Verdict:" (case, markdown bold/backticks and surrounding
+    whitespace aside; a trailing full stop is allowed); its value must be exactly ACCEPT or REJECT, else there
+    is no verdict. An API member under `response_format` replies with a JSON object, whose "verdict" member is
+    the field. Nothing else is read: prose ("I accept.", "It is impossible to accept this answer.") is no
+    verdict, and a reply without a verdict does not end the episode. Only what follows the last </think> is
+    the reply (a reply cut inside an unclosed <think> has none).
+    """
+    i = text.rfind("</think>")
+    if i >= 0:
+        text = text[i + len("</think>"):]
+    elif "<think>" in text:
+        text = text[:text.index("<think>")]
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group("body")
+    if body.startswith("{"):
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            value = obj.get("verdict")
+            return _verdict_value(value) if isinstance(value, str) else None
+    for line in reversed(text.splitlines()):
+        m = _FIELD.match(line.translate(_MARKUP).strip())
+        if m:
+            return _verdict_value(m.group("value"))
     return None
 
 
-def parse_verdict(text: str) -> str:
-    """ACCEPT or REJECT, read from a Verifier reply.
-
-    The verdict is a whole word (ACCEPT, **REJECT**, "I accept this") or a field ("Verdict: accept",
-    "Decision: REJECT", "<verdict>ACCEPT</verdict>"). A negated accept is REJECT: "not acceptable",
-    "unacceptable", "cannot/can't/won't/do not accept", "should not be accepted". "accepted"/"acceptable"
-    affirm only where a verdict stands (start of the reply, a field) or as a predicate ("the answer is
-    acceptable"); "an acceptable format" says nothing. Nor do a negated reject ("nothing to reject"), a
-    question ("Should we accept?"), a condition ("Accept if correct") and the prompt's "ACCEPT or REJECT"
-    echoed back. Of what is left, a verdict at the very start of the reply decides, else the first field,
-    else the first verdict word; with none, REJECT. Text before a closing </think> is ignored when
-    something follows it.
-    """
-    i = text.rfind("</think>")
-    if i >= 0 and text[i + len("</think>"):].strip():
-        text = text[i + len("</think>"):]
-    text = _VERDICT_ECHO.sub(lambda e: " " * len(e.group()), text)
-    fields = {f.end() for f in _VERDICT_FIELD.finditer(text)}
-    lead = _VERDICT_LEAD.match(text).end()
-    found: list[tuple[int, str, bool]] = []  # (position, verdict, in a field)
-    for m in _VERDICT_WORD.finditer(text):
-        if _in_question(text, m.end()) or _CONDITION.match(text, m.end()):
-            continue
-        in_field = m.start() in fields
-        verdict = _verdict_of(text, m, affirming=in_field or m.start() == lead)
-        if verdict:
-            found.append((m.start(), verdict, in_field))
-    if not found:
-        return "REJECT"
-    if found[0][0] == lead:
-        return found[0][1]
-    return next((v for _, v, in_field in found if in_field), found[0][1])
+def _verdict_value(value: str) -> str | None:
+    """ACCEPT / REJECT from a field's value (any case, an optional full stop); None for anything else."""
+    v = value.strip()
+    v = v[:-1].rstrip() if v.endswith(".") else v
+    return v.upper() if v.upper() in VERDICTS else None
 
 
 def make_turn(model: str, role: Role, text: str, ok: bool, *, prompt_tokens: int = 0, completion_tokens: int = 0,

@@ -9,11 +9,13 @@ same episode seeds — only the way candidates are chosen differs. Neither touch
   current θ, so a generation is popsize x tasks on-policy episodes (distinct samples: the episode seeds
   differ by candidate). Baseline: for each episode, the mean reward of the *other* episodes of the same
   task in the generation (leave-one-out, so the estimate stays unbiased). A role the Thinker forced
-  (`suggested_role`) was not drawn by the head: its term is left out. The paper reports it as the failing
-  case (LiveCodeBench .253 vs .615 for sep-CMA-ES).
+  (`suggested_role`) was not drawn by the head: its term is left out. An episode hit by an outage has no
+  reward and is left out (of the gradient and of every baseline). The paper reports it as the failing case
+  (LiveCodeBench .253 vs .615 for sep-CMA-ES).
 - Random search (`RandomSearch`): candidate 0 is the incumbent, re-evaluated on this generation's tasks;
   the others are incumbent + σ·N(0, I) (σ = evolve.sigma0, fixed). The best of the generation becomes the
-  incumbent, so a candidate replaces it only by beating it on the same tasks. Perturbations come from a
+  incumbent, so a candidate replaces it only by beating it on the same tasks (its fitness, like every
+  method's, is over the episodes not hit by an outage: `trinity.evolve.sep_cma`). Perturbations come from a
   generator fixed by (seed, generation): deterministic and resumable.
 """
 from __future__ import annotations
@@ -34,8 +36,9 @@ def policy_gradient(shape: HeadShape, theta: np.ndarray, episodes: Sequence[Epis
 
     ∇ log π(m | h) = (onehot(m) − softmax(z_model)) ⊗ h for the model rows of W, likewise for the role rows;
     summed over an episode's picks and weighted by its advantage (reward − leave-one-out mean of its task),
-    averaged over episodes.
+    averaged over episodes. Episodes hit by an outage (no reward: not samples) are left out.
     """
+    episodes = [e for e in episodes if not e.outage]
     W = shape.unflatten(theta)
     L = shape.n_models
     by_task: dict[str, list[float]] = {}

@@ -142,8 +142,8 @@ class KnownAnswerModel:
         if role == "verifier":
             right = proposed is not None and proposed.strip() == correct_answer(task)
             p = self.accept_correct if right else self.accept_wrong
-            return ("ACCEPT. The answer is right." if _unit(self.name, task.id, proposed or "") < p
-                    else "REJECT. The answer is wrong.")
+            return ("The answer is right.\nVerdict: ACCEPT" if _unit(self.name, task.id, proposed or "") < p
+                    else "The answer is wrong.\nVerdict: REJECT")
         return correct_answer(task) if EXPERTS[task.metadata["family"]] == self.name else wrong_answer(task, self.name)
 
     async def chat(self, messages, sampling) -> ChatResponse:

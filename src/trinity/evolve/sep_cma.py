@@ -14,6 +14,16 @@ a resumed process with cold caches replays the same picks.
 The flat parameter vector is the `ParamLayout`: the head alone, or [δ…, head…] when
 `coordinator.svf_layer` is set (each candidate's δ then changes its hidden states: its transcripts are
 encoded with its own adapter).
+
+An outage is not a sample (README, "An outage is not a sample"): episodes are played with `stop_on_outage` (an
+episode ends at its first transiently failed call, with no reward), and a generation replays its outage episodes
+up to `OUTAGE_REPLAYS` times (same seeds, same picks: the stored calls cost nothing, only the failed calls are asked
+again). A candidate's fitness is then the mean over its episodes not hit by an outage; the outage episodes left
+are counted (`GenerationRecord.outage_episodes`) and kept out of the optimiser's update and the store's episodes
+table. When a candidate has no episode left to be ranked on (pycma needs a value for every candidate, and none
+would be honest), the run stops with an `OutageError` before telling the optimiser or checkpointing anything of
+that generation: a rerun resumes at it and asks only the failed calls again. The saved vector's score follows the
+same rule.
 """
 from __future__ import annotations
 
@@ -32,8 +42,8 @@ import numpy as np
 
 from trinity.config import Settings
 from trinity.coordinator.features import fit_feature_map
-from trinity.coordinator.episode import (ROLE_VALUE, Episode, RolloutTrees, StateCache, entropy_of_counts,
-                                        episode_rngs, play_episodes)
+from trinity.coordinator.episode import (ROLE_VALUE, Episode, OutageError, RolloutTrees, StateCache,
+                                        entropy_of_counts, episode_rngs, is_outage, play_episodes)
 from trinity.coordinator.head import HeadShape, ParamLayout
 from trinity.coordinator.roles import ROLES
 from trinity.records import Task
@@ -74,7 +84,8 @@ class Optimizer(Protocol):
         """This generation's candidates (flat vectors); their number is the popsize."""
 
     def tell(self, X: Sequence[np.ndarray], fitness: np.ndarray, episodes: Sequence[Episode]) -> None:
-        """Fitness (mean shaped reward, higher is better) of each candidate, and the episodes it came from."""
+        """Fitness (mean shaped reward over its episodes not hit by an outage, higher is better) of each candidate,
+        and the episodes it came from (those not hit by an outage)."""
 
     @property
     def params(self) -> np.ndarray:
@@ -185,6 +196,13 @@ class GenerationRecord:
     the fixed scoring episodes (`saved_fitness_episodes`): the same tasks and seeds every generation."""
     saved_accuracy: float = 0.0
     """Correctness alone on those same episodes."""
+    outage_episodes: int = 0
+    """Candidates' episodes still hit by an outage after `OUTAGE_REPLAYS` replays: left out of their candidate's
+    fitness (and of `mean_accuracy`, the optimiser's update and the episodes table)."""
+    outage_replays: int = 0
+    """Candidates' episodes replayed because of an outage (a replay that answered counts like any episode)."""
+    saved_outage_episodes: int = 0
+    """Scoring episodes of the saved vector left out of `saved_fitness` / `saved_accuracy` for an outage."""
 
 
 @dataclass
@@ -256,19 +274,23 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
         split = [layout.split(x) for x in X]
         heads = [W for _, W in split]
         adapters = [d for d, _ in split] if layout.n_svf else None
-        pairs = [(c, t) for c in range(len(X)) for t in tasks]
-        rngs = episode_rngs([(ev.seed, g, c, t.id) for c, t in pairs])
-        episodes = [Episode(task=t, candidate=c, rng=r) for (c, t), r in zip(pairs, rngs)]
-        asyncio.run(play_episodes(episodes, heads, pool, states, settings.coordinator.max_turns, settings.reward,
-                                  grade, adapters=adapters, trees=trees, keep_features=opt.needs_features))
-        fitness = np.zeros(len(X))
-        for e in episodes:
-            fitness[e.candidate] += e.reward / len(tasks)
-        opt.tell(X, fitness, episodes)
+        specs = [(t, c, (ev.seed, g, c, t.id)) for c in range(len(X)) for t in tasks]
+        episodes, replayed = play_replaying_outages(specs, heads, pool, states, settings, grade, adapters=adapters,
+                                                    trees=trees, keep_features=opt.needs_features)
+        fitness = candidate_fitness(episodes, len(X))
+        unranked = [c for c in range(len(X)) if np.isnan(fitness[c])]
+        if unranked:
+            raise OutageError(
+                f"evolve generation {g}: {_outage_summary(episodes)} even after {OUTAGE_REPLAYS} replays, leaving "
+                f"candidate(s) {unranked} of {len(X)} with no episode to be ranked on. Nothing of generation {g} is "
+                "told to the optimiser or checkpointed; every reply received is in the store, so a rerun (the stage "
+                f"task retries) resumes at generation {g} and asks only the failed calls again")
+        clean = [e for e in episodes if not e.outage]
+        opt.tell(X, fitness, clean)
         if store is not None:
             store.put_episodes({"run_id": run_id, "generation": g, "candidate": e.candidate, "task_id": e.task.id,
                                 "path": e.path_json, "reward": e.reward, "correct": e.correct, "cost_usd": e.cost_usd}
-                               for e in episodes)
+                               for e in clean)
         b = int(np.argmax(fitness))
         if fitness[b] > state["best"][0]:
             state["best"] = (float(fitness[b]), np.array(X[b]))
@@ -287,10 +309,11 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
             generation=g, best_candidate_fitness=float(fitness.max()), mean_fitness=float(fitness.mean()),
             sigma=opt.sigma, calls_made=calls, store_hits=pool.stats.store_hits - hits0,
             states_encoded=states.encoded - enc0, cost_usd=pool.stats.cost_usd - cost0, model_usage=models,
-            role_usage=roles, mean_accuracy=float(np.mean([e.correct for e in episodes])),
+            role_usage=roles, mean_accuracy=float(np.mean([e.correct for e in clean])),
             wall_s=time.perf_counter() - t0, method=opt.method, episodes=len(episodes),
             calls_per_episode=calls / len(episodes), model_entropy=entropy_of_counts(list(models.values())),
-            saved_fitness=saved[0], saved_accuracy=saved[1])
+            saved_fitness=saved[0], saved_accuracy=saved[1], outage_episodes=len(episodes) - len(clean),
+            outage_replays=replayed, saved_outage_episodes=saved[2])
         state["history"].append(rec)
         state["generation"] = g + 1
         if resume_path is not None:
@@ -304,6 +327,57 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
                            features=states.features)
 
 
+OUTAGE_REPLAYS = 2
+"""How many times a generation replays its episodes hit by an outage before leaving them out. A replay is a fresh
+episode with the same seed: the same picks, its stored calls cost nothing, only the failed call is asked again; so
+a brief outage leaves the generation exactly as an uninterrupted run plays it."""
+
+
+def play_replaying_outages(specs: Sequence[tuple[Task, int, tuple]], heads, pool, states: StateCache,
+                           settings: Settings, grade, *, adapters=None, trees: RolloutTrees | None = None,
+                           keep_features: bool = False) -> tuple[list[Episode], int]:
+    """One sampled episode per spec (task, candidate, seed parts of its stream), each ended at its first outage;
+    the outage episodes are replayed up to OUTAGE_REPLAYS times, a replay taking its slot. Returns the episodes (in
+    spec order; some may still be `outage`) and how many replays were played."""
+    c = settings.coordinator
+
+    def play(ix: Sequence[int]) -> list[Episode]:
+        rngs = episode_rngs([specs[i][2] for i in ix])
+        eps = [Episode(task=specs[i][0], candidate=specs[i][1], rng=r) for i, r in zip(ix, rngs)]
+        asyncio.run(play_episodes(eps, heads, pool, states, c.max_turns, settings.reward, grade, adapters=adapters,
+                                  trees=trees, keep_features=keep_features, stop_on_outage=True))
+        return eps
+
+    episodes = play(range(len(specs)))
+    replayed = 0
+    for _ in range(OUTAGE_REPLAYS):
+        out = [i for i, e in enumerate(episodes) if e.outage]
+        if not out:
+            break
+        for i, e in zip(out, play(out)):
+            episodes[i] = e
+        replayed += len(out)
+    return episodes, replayed
+
+
+def candidate_fitness(episodes: Sequence[Episode], n_candidates: int) -> np.ndarray:
+    """Each candidate's fitness: the mean reward of its episodes not hit by an outage (NaN when none is left)."""
+    total, count = np.zeros(n_candidates), np.zeros(n_candidates)
+    for e in episodes:
+        if not e.outage:
+            total[e.candidate] += e.reward
+            count[e.candidate] += 1
+    return np.divide(total, count, out=np.full(n_candidates, np.nan), where=count > 0)
+
+
+def _outage_summary(episodes: Sequence[Episode]) -> str:
+    """'k of n episodes hit an outage (member: count, ...)': which members' calls failed."""
+    out = [e for e in episodes if e.outage]
+    by = Counter(next(t.model for t in e.turns if is_outage(t)) for e in out)
+    members = ", ".join(f"{m}: {k}" for m, k in sorted(by.items()))
+    return f"{len(out)} of {len(episodes)} episodes hit an outage (failed calls by member: {members})"
+
+
 def saved_fitness_episodes(settings: Settings, train: Sequence[Task]) -> list[tuple[Task, int]]:
     """The fixed episodes on which every generation's saved vector is scored: `evolve.saved_fitness_tasks`
     training tasks (a seeded draw, the same every generation; null = all) x `saved_fitness_samples` seeded
@@ -315,17 +389,24 @@ def saved_fitness_episodes(settings: Settings, train: Sequence[Task]) -> list[tu
 
 
 def score_params(params: np.ndarray, layout: ParamLayout, scoring: Sequence[tuple[Task, int]], settings: Settings,
-                 pool, states: StateCache, grade, trees: RolloutTrees) -> tuple[float, float]:
-    """(mean shaped reward, mean correctness) of one parameter vector over the scoring episodes, played with
-    the sampled policy that training optimises, each episode's stream fixed by (seed, task, sample)."""
+                 pool, states: StateCache, grade, trees: RolloutTrees) -> tuple[float, float, int]:
+    """(mean shaped reward, mean correctness, outage episodes left out) of one parameter vector over the scoring
+    episodes, played with the sampled policy that training optimises, each episode's stream fixed by (seed, task,
+    sample). As in training, outage episodes are replayed (`OUTAGE_REPLAYS`), then left out of both means; when
+    none is left, OutageError."""
     if not scoring:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0
     delta, W = layout.split(params)
-    rngs = episode_rngs([(settings.evolve.seed, "saved-fitness", k, t.id) for t, k in scoring])
-    eps = [Episode(task=t, candidate=0, rng=r) for (t, _), r in zip(scoring, rngs)]
-    asyncio.run(play_episodes(eps, [W], pool, states, settings.coordinator.max_turns, settings.reward, grade,
-                              adapters=None if delta is None else [delta], trees=trees))
-    return float(np.mean([e.reward for e in eps])), float(np.mean([e.correct for e in eps]))
+    specs = [(t, 0, (settings.evolve.seed, "saved-fitness", k, t.id)) for t, k in scoring]
+    eps, _ = play_replaying_outages(specs, [W], pool, states, settings, grade,
+                                    adapters=None if delta is None else [delta], trees=trees)
+    clean = [e for e in eps if not e.outage]
+    if not clean:
+        raise OutageError(f"scoring the saved vector: {_outage_summary(eps)} even after {OUTAGE_REPLAYS} replays, "
+                          "leaving nothing to score it on. Nothing of this generation is checkpointed; a rerun asks "
+                          "only the failed calls again")
+    return (float(np.mean([e.reward for e in clean])), float(np.mean([e.correct for e in clean])),
+            len(eps) - len(clean))
 
 
 _RUNTIME_ONLY = {"task_runner", "dask_workers", "dask_threads_per_worker", "generations"}
@@ -342,13 +423,21 @@ def run_fingerprint(settings: Settings, layout: ParamLayout, train: Sequence[Tas
                     code: str | None = None) -> str:
     """What makes a checkpoint this run's: settings, head shape, the training tasks' content, the encoder's
     exact features (model, dtype, feature config: the policy reads them), and the version of the code that
-    shapes results (`trinity.code_version`: prompts, episode loop, reward, graders, optimisers) — a code
-    change starts a new run unless declared a compatible refactor there."""
+    shapes results (`trinity.code_version`: all the code the evolve and evaluate stages import) — a code
+    change starts a new run unless declared a compatible refactor there. A local member's GGUF is named by its
+    content (sha256), not by where it lies: a moved file is the same run, a replaced one a new run."""
     from trinity.code_version import code_version
+    from trinity.pool.bundled import ModelAssemblyError, gguf_sha256
     from trinity.records import stable_hash
 
     dump = settings.model_dump(include={"evolve", "reward", "coordinator", "pool"})
     dump["evolve"] = {k: v for k, v in dump["evolve"].items() if k not in _RUNTIME_ONLY}
+    for m in dump["pool"]["members"]:
+        if m["backend"] == "local":
+            try:  # bundled: its pinned hash; a user's file: hashed once, cached by (path, size, mtime)
+                m["model"] = f"sha256:{gguf_sha256(m['model'])}"
+            except (ModelAssemblyError, OSError):
+                pass  # no such file: the pool cannot load it either, and says so
     return stable_hash({"settings": dump, "shape": [layout.head.n_models, layout.head.dim, layout.n_svf],
                         "train": [t.to_json() for t in train], "encoder": encoder_id, "format": RESUME_FORMAT,
                         "code": code_version() if code is None else code})

@@ -10,6 +10,10 @@ Tiers, strongest first; within a tier the last occurrence wins (models restate t
 4. A lone letter: the whole reply, or its last line, is just "B" (markup and punctuation aside).
 5. The stated answer, or the whole reply, is exactly the text of one option (needs the option texts).
 Nothing found → None, which grades as wrong. Text before a closing </think> is ignored.
+A hedge is no answer: when the letter a tier finds stands in a list of letters offered together as the answer
+("Answer: A or B", "A/B", "A, B", "(A) or (C)", "A and B", "either A or B", "A or B is correct",
+"\\boxed{A} or \\boxed{B}"), naming more than one distinct letter, the reply commits to none (None). Only
+letters joined to the found one by such a connector count: "Answer: (B) because option A is wrong" is B.
 """
 from __future__ import annotations
 
@@ -20,8 +24,17 @@ from trinity.records import Task
 
 LETTERS = "ABCD"
 
-_OPEN = r"(?:[\s*_(\[{\"'`$]|\\text(?:bf)?\{|\\mathrm\{|\\textbf\{)*"  # markup that may precede the letter
+# markup that may precede the letter; possessive (*+, ++) here and in the patterns below, so a long run of blanks
+# costs linear time, not the polynomial backtracking of several adjacent \s* ("Answer:" + 1000 spaces took 15 s)
+_OPEN = r"(?:[\s*_(\[{\"'`$]|\\text(?:bf)?\{|\\mathrm\{|\\textbf\{)*+"
 _END = r"(?![A-Za-z0-9])"
+_HEDGE = r"(?i:(?:either|maybe|perhaps|possibly|probably|likely)\s+)?"  # "Answer: either A or B" still finds A
+# After a letter: closing markup, then a connector that adds another letter to the answer ("A or B", "A/B",
+# "A, B", "(A) or (C)", "A and B", "A, or maybe B", "A. Or B"), then that letter in its own markup.
+_CLOSE = r"[\s*_)\]}\"'`$]*"
+_CONNECT = (r"(?:\s*+(?:[,/&]|\bor\b|\band\b)|\.\s++(?=(?i:or|maybe|perhaps|possibly)\b))"
+            r"(?:\s*+(?:(?i:or|and|maybe|perhaps|possibly|probably|even|also)\b|[,/&]))*+\s*+")
+_TOKEN_OPEN = r"(?:[\s*_(\[{\"'`$]|\\text(?:bf)?\{|\\mathrm\{|\\textbf\{|\\boxed\s*\{)*+"  # _OPEN, or \boxed{
 
 
 def _letter_class(letters: str) -> str:
@@ -36,17 +49,17 @@ def _patterns(letters: str) -> dict[str, list[re.Pattern]]:
             # "final answer B", "correct option: (B)", "the best choice is **B**"
             re.compile(
                 r"(?i:\b(?:final|correct|right|best)\s+(?:answer|option|choice))"
-                r"\s*(?i:is|:|=|would\s+be|should\s+be|must\s+be|will\s+be)?\s*(?i:option|choice)?\s*[:\-]?"
-                + _OPEN + "(" + L + ")" + _END
+                r"\s*+(?i:is|:|=|would\s+be|should\s+be|must\s+be|will\s+be)?\s*+(?i:option|choice)?\s*+[:\-]?"
+                + _OPEN + _HEDGE + _OPEN + "(" + L + ")" + _END
             ),
             # a bare "answer" needs a verb or a colon: "Answer: B", "the answer is (B)"
             re.compile(
-                r"(?i:\banswer)\s*(?i:is|:|=|would\s+be|should\s+be|must\s+be|will\s+be)\s*(?i:option|choice)?\s*[:\-]?"
-                + _OPEN + "(" + L + ")" + _END
+                r"(?i:\banswer)\s*+(?i:is|:|=|would\s+be|should\s+be|must\s+be|will\s+be)\s*+(?i:option|choice)?\s*+[:\-]?"
+                + _OPEN + _HEDGE + _OPEN + "(" + L + ")" + _END
             ),
             re.compile(r"(?i:\b(?:option|choice)\s+)?\(?(" + L + r")\)?\s+(?i:is\s+(?:the\s+)?(?:correct|right|best|answer)\b)"),
             re.compile(r"(?i:\b(?:i\s+(?:would\s+)?(?:choose|pick|select|go\s+with)|i'd\s+(?:choose|pick|select|go\s+with)))"
-                       r"\s+(?i:option\s+)?" + _OPEN + "(" + L + ")" + _END),
+                       r"\s++(?i:option\s++)?" + _OPEN + _HEDGE + _OPEN + "(" + L + ")" + _END),
         ],
         "formatted": [
             re.compile(r"\*\*\s*\(?(" + L + r")\)?[.):]?\s*\*\*"),
@@ -61,6 +74,22 @@ def _after_think(text: str) -> str:
     if i >= 0 and text[i + len("</think>"):].strip():
         return text[i + len("</think>"):]
     return text
+
+
+def _hedged(text: str, pos: int, letters: str) -> bool:
+    """Does the letter at text[pos] stand in a list of different letters offered as the answer? Looks ahead
+    ("A or B", "A, B", "(A)/(B)") and one step back with a word or slash ("A or B is correct")."""
+    L = _letter_class(letters)
+    nxt = re.compile(_END + _CLOSE + "+" + _CONNECT + _TOKEN_OPEN + "(" + L + ")" + _END)
+    seen, at = {text[pos]}, pos + 1
+    while (m := nxt.match(text, at)) is not None:
+        seen.add(m.group(1))
+        at = m.end(1)
+    prev = re.search(r"(?<![A-Za-z0-9])(" + L + r")" + _CLOSE + r"(?:\s*/|\s+(?i:or|and)\b|\s*&)\s*"
+                     + _TOKEN_OPEN + _HEDGE + _TOKEN_OPEN + r"$", text[max(0, pos - 200): pos])
+    if prev:
+        seen.add(prev.group(1))
+    return len(seen) > 1
 
 
 def _last(patterns: list[re.Pattern], text: str) -> tuple[int, str] | None:
@@ -85,7 +114,7 @@ def extract_choice(text: str | None, letters: str = LETTERS, choices: Sequence[s
     for tier in ("boxed", "statement"):
         hit = _last(pats[tier], text)
         if hit:
-            return hit[1]
+            return None if _hedged(text, hit[0], letters) else hit[1]
     found = {m.group(1) for p in pats["formatted"] for m in p.finditer(text)}
     if len(found) == 1:
         return found.pop()

@@ -4,7 +4,9 @@ Extraction (`final_answer_candidates`), in order of preference: the \\boxed{...}
 explicit statement ("the answer is X", "Final answer: X", "Answer: X"); the last number in the text. Text
 before a closing </think> is ignored when something follows it. A hedge is not an answer: several boxes,
 or a statement or final sentence that offers alternatives ("12 or 13", "either 12 or 13", "12, or maybe
-13"), name several candidates, and a reply is right only if every candidate equals the reference.
+13", "12, maybe 13"), name several candidates, and a reply is right only if every candidate equals the
+reference. Where the reference is one number, a candidate that lists several numbers ("\\boxed{12, 13}",
+"Answer: 12 and 13") is a hedge too; "\\boxed{1,000}" is one number.
 
 Comparison depends on `task.metadata["answer_type"]`:
 * "integer" (AIME): both sides as integers — "073", "73", "73.0" and "\\boxed{073}" are all 73.
@@ -95,15 +97,27 @@ _SENTENCE_BREAK = re.compile(rf"(?:(?<=\.)[ \t]+|[ \t]*\n\s*)(?=\S)(?!{_HEDGE_OP
 _ALTERNATIVE = re.compile(
     r"\\(?:text|mbox|mathrm)\{\s*or\s*\}"  # LaTeX "12 \text{ or } 13"
     r"|(?<![A-Za-z\\])or(?![A-Za-z])(?!\s+(?:more|less|fewer|greater|higher|lower|so|equal|not|else|otherwise)\b)"
-    r"|(?<=[.!?;])\s+(?=(?:maybe|perhaps|possibly|alternatively)\b)",  # "13. Maybe 12."
+    r"|(?<=[.!?;])\s+(?=(?:maybe|perhaps|possibly|alternatively)\b)"  # "13. Maybe 12."
+    # "12, maybe 13", "12 (perhaps 13)", "12 - possibly 13", "$12$ maybe $13$": a hedge word right after a value
+    # or a comma, introducing another value (not "12, maybe more", "12, perhaps surprisingly")
+    r"|(?<!\s)(?:\s*+[,(]|\s++[-\u2013\u2014]|(?<=[\d$}])\s++)\s*+"
+    r"(?=(?:maybe|perhaps|possibly|probably)\s+[-+$\\(.{\d])",
     re.I)
-"""Where a span offers another candidate: "12 or 13", "12, or maybe 13", "13. Maybe 12" (not "or more")."""
+"""Where a span offers another candidate: "12 or 13", "12, or maybe 13", "13. Maybe 12", "12, maybe 13"
+(not "or more")."""
 _HEDGE_WORDS = re.compile(r"^[\s,;]*(?:(?:either|maybe|perhaps|possibly|probably|alternatively)\b[\s,:]*)+", re.I)
 
 
 def _alternatives(span: str) -> list[str]:
     """A span split where it offers alternatives, each part without its hedge words ("either", "maybe")."""
-    return [_HEDGE_WORDS.sub("", part) for part in _ALTERNATIVE.split(span)]
+    parts, start, aside = [], 0, False
+    for m in _ALTERNATIVE.finditer(span):
+        parts.append((span[start: m.start()], aside))
+        start, aside = m.end(), "(" in m.group()
+    parts.append((span[start:], aside))
+    # "12 (maybe 13)" leaves "13)": drop the ")" that closed that aside (an interval's "[2, 5)" keeps its own)
+    return [_HEDGE_WORDS.sub("", re.sub(r"\)\s*[.;,!]?\s*$", "", p) if aside and p.count(")") > p.count("(") else p)
+            for p, aside in parts]
 
 
 def _clean_span(s: str) -> str:
@@ -281,6 +295,26 @@ _VERIFY_PROCESS = _VerifyProcess()
 atexit.register(_VERIFY_PROCESS.stop)
 
 
+_LIST_SEP = re.compile(
+    r",(?!\d{3}(?!\d))|;|&|\\(?:text|mbox|mathrm)\{\s*and\s*\}|(?<![A-Za-z\\])and(?![A-Za-z])", re.I)
+"""Where a list of values splits: "12, 13", "12; 13", "12 and 13" — not at the thousands comma of "1,000"."""
+
+
+def listed_numbers(candidate: str, numeric: bool = False) -> set[Fraction]:
+    """The distinct numbers one candidate lists: "12, 13" and "x = 12 and y = 13" → {12, 13}. A single number
+    ("1,000", "1{,}000", "\\frac{1}{2}", "18 dollars" when `numeric`) is a list of one; items that are not
+    numbers ("12, which is 3 dozen") count for nothing."""
+    whole = as_number(candidate, allow_units=numeric)
+    if whole is not None:
+        return {whole}
+    values = set()
+    for item in _LIST_SEP.split(candidate):
+        v = as_number(_HEDGE_WORDS.sub("", item.rsplit("=", 1)[-1]), allow_units=numeric)
+        if v is not None:
+            values.add(v)
+    return values
+
+
 def math_equal(gold: str, pred: str, answer_type: str = "latex", timeout_s: int = DEFAULT_TIMEOUT_S) -> bool:
     """Is the extracted answer `pred` equal to the reference `gold`?"""
     pred = pred.strip()
@@ -311,8 +345,9 @@ def math_equal(gold: str, pred: str, answer_type: str = "latex", timeout_s: int 
 def grade_math(task: Task, answer_text: str | None, timeout_s: int = DEFAULT_TIMEOUT_S) -> float:
     """1.0 if the reply's final answer equals task.answer, else 0.0. No answer found counts as wrong, and so
     does a hedge: every candidate the reply names must equal the reference ("\\boxed{1/2} ... \\boxed{0.5}"
-    is one answer; "12 or 13" is none). The one exception: a reference that lists several values ("1,-2")
-    is matched by a reply naming exactly those values as alternatives ("x = 1 or x = -2")."""
+    is one answer; "12 or 13" is none, and so is "\\boxed{12, 13}" when the reference is one number). The one
+    exception: a reference that lists several values ("1,-2") is matched by a reply naming exactly those values
+    as alternatives ("x = 1 or x = -2")."""
     if task.answer is None:
         raise ValueError(f"task {task.id}: a math task needs a reference answer")
     found = final_answer_candidates(answer_text)
@@ -320,6 +355,10 @@ def grade_math(task: Task, answer_text: str | None, timeout_s: int = DEFAULT_TIM
     if not distinct or len(distinct) > MAX_CANDIDATES:
         return 0.0
     answer_type = task.metadata.get("answer_type", "latex")
+    numeric = answer_type in ("integer", "number")
+    if as_number(task.answer, allow_units=numeric) is not None and any(
+            len(listed_numbers(c, numeric)) > 1 for c in distinct):
+        return 0.0  # the reference is one number; "\\boxed{12, 13}" or "Answer: 12 and 13" names two
     if all(math_equal(task.answer, c, answer_type, timeout_s) for c in distinct):
         return 1.0
     if len(distinct) > 1 and answer_type == "latex" and "," in task.answer and as_number(task.answer) is None:

@@ -10,8 +10,9 @@ from trinity.records import ChatMessage, ChatResponse, SamplingParams
 class ChatModel(Protocol):
     """A pool member. `name` is the pool-local name (what the head's logits index);
     `model_id` identifies the weights/endpoint model and is part of every response-store key. A member may
-    also define `request_identity(messages) -> dict`: whatever else shapes its reply to `messages` (a local
-    member's rendered prompt, context size, runtime version); it joins the key too.
+    also define `request_identity(messages, sampling) -> dict`: whatever else shapes its reply to `messages` (a
+    local member's rendered prompt, a constrained output format's grammar or schema, context size, runtime
+    version); it joins the key too.
 
     `chat` never raises for model-side failures (timeouts, HTTP errors, malformed replies): it returns
     a ChatResponse with ok=False, the reason and the failure's kind (`ChatResponse.failure`: "transient" for an

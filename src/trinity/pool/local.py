@@ -8,7 +8,13 @@ A stored response must be the answer to the same question, so what keys a local 
 (`LocalChatModel.model_id` + `request_identity`) is everything that shapes the reply besides the messages
 and the sampling settings: the GGUF's sha256 (its weights and its chat template), the prompt style, for a
 completion-style (base) model the exact prompt text rendered from the messages (its template, few-shot
-example and stop strings included), the context size, the thread count and the llama.cpp version.
+example and stop strings included), the context size, the thread count and the llama.cpp version, and for a
+request with an output format (`SamplingParams.output_format`) the text of the grammar that enforces it.
+
+Output formats: a "verdict" request (the Verifier's) is decoded under a GBNF grammar (`verdict_grammar`) that
+admits only a short reason on one line, then a last line `Verdict: ACCEPT` or `Verdict: REJECT`: every reply
+that is not cut carries the field. The reason is bounded in characters so that the field fits in the request's
+max_tokens at the tokenisation the bundled models show (a reply cut before its field has no verdict).
 """
 from __future__ import annotations
 
@@ -59,6 +65,30 @@ def completion_prompt(messages: Sequence[ChatMessage]) -> str:
     return f"{system}\n\n{COMPLETION_EXAMPLE}\n\n{convo}\n\nAnswer:"
 
 
+VERDICT_FIELD_TOKENS = 8
+"""Tokens kept for the verdict line ("\nVerdict: ACCEPT" is 4-6 tokens in the bundled models' vocabularies)."""
+VERDICT_REASON_CHARS_PER_TOKEN = 2
+"""Characters of reason allowed per token of max_tokens left after the field: a pessimistic density (the
+bundled models' Verifier reasons average about 3-4 characters per token; digits and LaTeX run denser)."""
+
+
+def verdict_grammar(max_tokens: int) -> str:
+    """The GBNF grammar of a "verdict" reply within `max_tokens`: an optional one-line reason of at most
+    VERDICT_REASON_CHARS_PER_TOKEN x (max_tokens - VERDICT_FIELD_TOKENS) characters, then the field."""
+    chars = VERDICT_REASON_CHARS_PER_TOKEN * (max_tokens - VERDICT_FIELD_TOKENS)
+    field = 'root ::= {}"Verdict: " ("ACCEPT" | "REJECT")\n'
+    return field.format(f'([^\\n]{{1,{chars}}} "\\n")? ' if chars > 0 else "")
+
+
+def output_grammar(sampling: SamplingParams) -> str | None:
+    """The grammar that enforces `sampling.output_format` (None: free text)."""
+    if sampling.output_format is None:
+        return None
+    if sampling.output_format == "verdict":
+        return verdict_grammar(sampling.max_tokens)
+    raise ValueError(f"local members have no grammar for output_format {sampling.output_format!r}")
+
+
 def _llama_cpp_version() -> str:
     try:
         return importlib.metadata.version("llama_cpp_python")
@@ -84,16 +114,27 @@ class LocalChatModel:
             "n_ctx": member.n_ctx, "n_threads": member.n_threads, "llama_cpp": _llama_cpp_version(),
         }
 
-    def request_identity(self, messages: Sequence[ChatMessage]) -> dict:
+    def request_identity(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> dict:
         """What, besides model_id, messages and sampling, shapes this member's reply to `messages` (part of
         the response-store key; see the module doc). A completion-style member's rendered prompt is in it,
-        so editing its template or few-shot example is a store miss."""
+        so editing its template or few-shot example is a store miss; so is the grammar of an output format,
+        so editing the grammar asks again (a free-text request's identity has no grammar entry)."""
+        identity = self._identity
         if self.completion_style:
-            return {**self._identity, "prompt": completion_prompt(messages)}
-        return self._identity
+            identity = {**identity, "prompt": completion_prompt(messages)}
+        grammar = output_grammar(sampling)
+        if grammar is not None:
+            identity = {**identity, "grammar": grammar}
+        return identity
 
     def _generate(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
         llm, lock = load_llama(self.path, self.member.n_ctx, self.member.n_threads)
+        grammar_text = output_grammar(sampling)
+        constrained = {}
+        if grammar_text is not None:
+            from llama_cpp import LlamaGrammar
+
+            constrained["grammar"] = LlamaGrammar.from_string(grammar_text, verbose=False)
         t0 = time.perf_counter()
         with lock:
             # Evaluate every prompt from a clean context: reusing the previous call's KV prefix changes the
@@ -103,13 +144,13 @@ class LocalChatModel:
             if self.completion_style:
                 out = llm.create_completion(
                     completion_prompt(messages), max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-                    top_p=sampling.top_p, seed=sampling.seed, stop=list(COMPLETION_STOP))
+                    top_p=sampling.top_p, seed=sampling.seed, stop=list(COMPLETION_STOP), **constrained)
                 text = out["choices"][0]["text"]
             else:
                 out = llm.create_chat_completion(
                     messages=[{"role": m.role, "content": m.content} for m in messages],
                     max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                    seed=sampling.seed)
+                    seed=sampling.seed, **constrained)
                 text = out["choices"][0]["message"]["content"] or ""
         usage = out.get("usage") or {}
         ok = bool(text.strip())

@@ -20,6 +20,11 @@ Per call:
   * a reply that parses but carries no answer (no choices, null or empty content) is a failed
     ChatResponse with the reason, not retried: the endpoint answered, and it was billed.
   * never raises for model-side failures: the result is a ChatResponse with ok=False and the reason.
+  * an output format (`SamplingParams.output_format`) is sent as `response_format` (`output_response_format`):
+    a "verdict" request (the Verifier's) asks for OpenAI structured outputs, a JSON object {"reason": str,
+    "verdict": "ACCEPT" | "REJECT"} under a strict JSON schema (the form vLLM, SGLang, Ollama and llama.cpp's
+    server accept too); the reply text is that JSON, which `trinity.coordinator.roles.parse_verdict` reads. The
+    response_format is part of the request's identity (`request_identity`), hence of its store key.
   * a failure's kind (`ChatResponse.failure`): "deterministic" when the request itself is refused (HTTP
     400/413/422: invalid, too long, filtered) or answered without content — the pool stores it as the
     answer; "transient" for everything else (throttling, 5xx, timeouts, dropped connections, truncated
@@ -60,6 +65,32 @@ _DETERMINISTIC_STATUS = frozenset({400, 413, 422})
 """Refusals of the request itself (invalid, too long, content filter): stored as the answer, not retried."""
 _NO_KEY_PLACEHOLDER = "no-key"  # the SDK insists on some key; keyless local servers ignore it
 _ERROR_EXCERPT_CHARS = 300
+
+
+VERDICT_RESPONSE_FORMAT: dict[str, Any] = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "verdict",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"reason": {"type": "string"}, "verdict": {"type": "string", "enum": ["ACCEPT", "REJECT"]}},
+            "required": ["reason", "verdict"],
+            "additionalProperties": False,
+        },
+    },
+}
+"""The Verifier's reply as structured output: one short reason, then the verdict field (reason first, as in
+the text form: the verdict is decoded after it)."""
+
+
+def output_response_format(sampling: SamplingParams) -> dict[str, Any] | None:
+    """The `response_format` that enforces `sampling.output_format` (None: free text)."""
+    if sampling.output_format is None:
+        return None
+    if sampling.output_format == "verdict":
+        return VERDICT_RESPONSE_FORMAT
+    raise ValueError(f"API members have no response_format for output_format {sampling.output_format!r}")
 
 
 @dataclass(frozen=True)
@@ -189,6 +220,18 @@ class OpenAICompatibleChatModel:
     def reset_totals(self) -> None:
         self._totals = UsageTotals()
 
+    def request_identity(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> dict:
+        """What, besides model_id, messages and sampling, shapes the reply: the response_format of an output
+        format (so editing the schema asks again). Empty for a free-text request: its key is model, messages
+        and sampling alone."""
+        response_format = self._response_format(sampling)
+        return {} if response_format is None else {"response_format": response_format}
+
+    def _response_format(self, sampling: SamplingParams) -> dict[str, Any] | None:
+        """The response_format this request sends: the output format's, unless the member turns it off
+        (`PoolMember.structured_output: false`: the prompt alone asks for the field)."""
+        return output_response_format(sampling) if self.member.structured_output else None
+
     def default_sampling(self, seed: int = 0) -> SamplingParams:
         """Sampling parameters from the member's settings."""
         m = self.member
@@ -219,6 +262,9 @@ class OpenAICompatibleChatModel:
             "max_tokens": sampling.max_tokens,
             "seed": sampling.seed,
         }
+        response_format = self._response_format(sampling)
+        if response_format is not None:
+            body["response_format"] = response_format
         attempts = 0
         last_error = "no attempt made"
         deterministic = False

@@ -46,6 +46,10 @@ class PoolStats:
         return d
 
 
+ROLE_OUTPUT_FORMAT: dict[str, str] = {"verifier": "verdict"}
+"""The reply shape each role demands of a member (`SamplingParams.output_format`); other roles: free text."""
+
+
 class Request(NamedTuple):
     """One pool request: member index, role (selects the role's max_tokens cap), store key, messages."""
 
@@ -100,31 +104,35 @@ class Pool:
         return len(self.members)
 
     def sampling(self, idx: int, role: str | None = None) -> SamplingParams:
+        """A member's sampling settings in `role`: the role's max_tokens cap, and for a Verifier the "verdict"
+        output format (its reply must end with the verdict field; the member constrains it where it can)."""
         sp = self._sampling.get((idx, role))
         if sp is None:
             s = self.settings[idx]
             cap = self.role_max_tokens.get(role or "")
             sp = self._sampling[(idx, role)] = SamplingParams(
                 temperature=s.temperature, top_p=s.top_p, max_tokens=min(s.max_tokens, cap) if cap else s.max_tokens,
-                seed=0)
+                seed=0, output_format=ROLE_OUTPUT_FORMAT.get(role or ""))
         return sp
 
     def signature(self) -> tuple:
         """What the response keys of this pool depend on: member names, model ids, what else shapes each
-        member's replies (`request_identity` of an empty request), and per-role sampling."""
+        member's replies (`request_identity` of an empty request, per role), and per-role sampling."""
         roles = (None, "thinker", "worker", "verifier")
-        return tuple((m.name, m.model_id, repr(self._identity(i, ())), tuple(self.sampling(i, r) for r in roles))
+        return tuple((m.name, m.model_id, tuple(repr(self._identity(i, (), self.sampling(i, r))) for r in roles),
+                      tuple(self.sampling(i, r) for r in roles))
                      for i, m in enumerate(self.members))
 
-    def _identity(self, idx: int, messages: Sequence[ChatMessage]) -> dict | None:
+    def _identity(self, idx: int, messages: Sequence[ChatMessage], sampling: SamplingParams) -> dict | None:
         identity = getattr(self.members[idx], "request_identity", None)
-        return identity(messages) if identity is not None else None
+        return identity(messages, sampling) if identity is not None else None
 
     def key(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> str:
         """The response-store key of a request: model id, messages, sampling, and whatever else the member
-        says shapes its reply (`request_identity`: a local member's file hash, rendered prompt, context...)."""
-        return response_key(self.members[idx].model_id, messages, self.sampling(idx, role),
-                            self._identity(idx, messages))
+        says shapes its reply (`request_identity`: a local member's file hash, rendered prompt, context, the
+        grammar or response_format of a constrained output format...)."""
+        sampling = self.sampling(idx, role)
+        return response_key(self.members[idx].model_id, messages, sampling, self._identity(idx, messages, sampling))
 
     async def complete(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> ChatResponse:
         return (await self.complete_many([Request(idx, role, self.key(idx, messages, role), messages)]))[0]
