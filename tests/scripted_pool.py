@@ -1,9 +1,11 @@
 """Scripted pool parts for tests where the protocol, not model quality, is under test: a ChatModel whose reply
-depends on the role it is asked for, and an encoder whose state is a hash of the transcript."""
+depends on the role it is asked for, an encoder whose state is a hash of the transcript, and an encoder + head
+pair that plays a scripted sequence of (model, role) picks."""
 import hashlib
 
 import numpy as np
 
+from trinity.coordinator.roles import ROLES
 from trinity.records import ChatResponse
 
 
@@ -33,3 +35,24 @@ class HashEncoder:
     def encode(self, texts):
         return np.stack([np.frombuffer(hashlib.sha256(t.encode()).digest(), dtype=np.uint8)[:8].astype(np.float32)
                          / 255 - 0.5 for t in texts])
+
+
+class TurnCountEncoder:
+    """State = one-hot of the number of turns played so far, so a head can script its argmax pick turn by turn."""
+    encoder_id, dim = "turn-count-encoder", 8
+
+    def encode(self, texts):
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, t in enumerate(texts):
+            n = sum(part.startswith(("thinker: ", "worker: ", "verifier: ")) for part in t.split("\n\n"))
+            out[i, min(n, self.dim - 1)] = 1.0
+        return out
+
+
+def scripted_head(script, n_models: int, dim: int = 8) -> np.ndarray:
+    """A head whose argmax at turn i, under TurnCountEncoder states, is script[i] = (model, role)."""
+    W = np.zeros((n_models + 3, dim))
+    for i, (model, role) in enumerate(script):
+        W[model, i] = 10.0
+        W[n_models + ROLES.index(role), i] = 10.0
+    return W

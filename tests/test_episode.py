@@ -9,12 +9,12 @@ import pytest
 from trinity.config import PoolMember, RewardSettings
 from trinity.coordinator.episode import Episode, StateCache, model_pick_entropy, play_episodes, shaped_reward
 from trinity.coordinator.head import HeadShape, route_probs
-from trinity.coordinator.roles import ROLES, Role, coordinator_text, parse_thinker, parse_verdict, role_messages
+from trinity.coordinator.roles import Role, coordinator_text, parse_thinker, parse_verdict, role_messages
 from trinity.pool.runtime import Pool
 from trinity.records import Task
 from trinity.store import Store
 
-from scripted_pool import HashEncoder, ScriptedModel
+from scripted_pool import HashEncoder, ScriptedModel, TurnCountEncoder, scripted_head
 
 TASK = Task(id="t/1", source="gsm8k", prompt=("What is 2+3?",), grader="math", answer="5")
 
@@ -92,28 +92,8 @@ def test_verifier_first_scores_zero(tmp_path):
         assert sum(m.calls for m in models) == 0
 
 
-class TurnCountEncoder:
-    """State = one-hot of the number of turns played so far, so a head can script its argmax pick turn by turn."""
-    encoder_id, dim = "turn-count-encoder", 8
-
-    def encode(self, texts):
-        out = np.zeros((len(texts), self.dim), np.float32)
-        for i, t in enumerate(texts):
-            n = sum(part.startswith(("thinker: ", "worker: ", "verifier: ")) for part in t.split("\n\n"))
-            out[i, min(n, self.dim - 1)] = 1.0
-        return out
-
 
 T, W_, V = Role.THINKER, Role.WORKER, Role.VERIFIER
-
-
-def scripted_head(script, n_models=2, dim=8):
-    """Head (with TurnCountEncoder states) whose argmax at turn i is script[i] = (model, role)."""
-    W = np.zeros((n_models + 3, dim))
-    for i, (model, role) in enumerate(script):
-        W[model, i] = 10.0
-        W[n_models + ROLES.index(role), i] = 10.0
-    return W
 
 
 def _scripted_episode(tmp_path, name, script, max_turns, verdict="ACCEPT", suggested="worker"):
@@ -121,7 +101,7 @@ def _scripted_episode(tmp_path, name, script, max_turns, verdict="ACCEPT", sugge
     with Store(tmp_path / f"{name}.duckdb") as store:
         pool, models = make_pool(store, verdict=verdict, suggested=suggested)
         ep = Episode(task=TASK, candidate=0, rng=None)
-        asyncio.run(play_episodes([ep], [scripted_head(script)], pool, StateCache(TurnCountEncoder(), store),
+        asyncio.run(play_episodes([ep], [scripted_head(script, n_models=2)], pool, StateCache(TurnCountEncoder(), store),
                                   max_turns, RewardSettings(), grade))
     assert ep.done
     return ep, sum(m.calls for m in models)

@@ -5,17 +5,16 @@ read as a verdict: the word list this replaces read "It is impossible to accept 
 false ACCEPT ends an episode on an unchecked answer. The real models under the grammar: test_pool_local.py."""
 import asyncio
 
-import numpy as np
 import pytest
 
 from trinity.config import PoolMember, RewardSettings
 from trinity.coordinator.episode import Episode, StateCache, play_episodes
-from trinity.coordinator.roles import ROLES, Role, Turn, make_turn, parse_verdict, role_messages
+from trinity.coordinator.roles import Role, Turn, make_turn, parse_verdict, role_messages
 from trinity.pool.runtime import Pool
 from trinity.records import SamplingParams, Task
 from trinity.store import Store
 
-from scripted_pool import ScriptedModel
+from scripted_pool import ScriptedModel, TurnCountEncoder, scripted_head
 
 VERDICT_CASES = [
     # ----------------------------------------------------------------- the field
@@ -103,34 +102,13 @@ TASK = Task(id="t/1", source="gsm8k", prompt=("What is 2+3?",), grader="math", a
 W, V = Role.WORKER, Role.VERIFIER
 
 
-class TurnCountEncoder:
-    """State = one-hot of the number of turns so far, so a head can script its argmax pick turn by turn."""
-    encoder_id, dim = "turn-count-encoder", 8
-
-    def encode(self, texts):
-        out = np.zeros((len(texts), self.dim), np.float32)
-        for i, t in enumerate(texts):
-            n = sum(part.startswith(("thinker: ", "worker: ", "verifier: ")) for part in t.split("\n\n"))
-            out[i, min(n, self.dim - 1)] = 1.0
-        return out
-
-
-def scripted_head(script, n_models=1, dim=8):
-    """A head whose argmax at turn i is script[i] = (model, role) under TurnCountEncoder states."""
-    w = np.zeros((n_models + 3, dim))
-    for i, (model, role) in enumerate(script):
-        w[model, i] = 10.0
-        w[n_models + ROLES.index(role), i] = 10.0
-    return w
-
-
 def _episode(tmp_path, verifier_reply: str, max_turns: int = 4) -> tuple[Episode, ScriptedModel]:
     """One argmax episode W, V, W, V on a one-member scripted pool whose Verifier says `verifier_reply`."""
     model = ScriptedModel("a", {"worker": "2+3=5 so \\boxed{5}", "verifier": verifier_reply, "thinker": "-"})
     with Store(tmp_path / "s.duckdb") as store:
         pool = Pool([model], [PoolMember(name="a", backend="local", model="x")], store)
         ep = Episode(task=TASK, candidate=0, rng=None)
-        asyncio.run(play_episodes([ep], [scripted_head([(0, W), (0, V), (0, W), (0, V)])], pool,
+        asyncio.run(play_episodes([ep], [scripted_head([(0, W), (0, V), (0, W), (0, V)], n_models=1)], pool,
                                   StateCache(TurnCountEncoder(), store), max_turns, RewardSettings(),
                                   lambda task, text: 1.0 if "\\boxed{5}" in text else 0.0))
     assert ep.done
