@@ -406,48 +406,19 @@ def _trinity_imports(tree: ast.AST) -> set[str]:
     return out
 
 
-def _module_file(mod: str) -> Path | None:
-    base = PROJECT_ROOT / "src" / Path(*mod.split("."))
-    for p in (base.with_suffix(".py"), base / "__init__.py"):
-        if p.exists():
-            return p
-    return None
+W_AND_B_LOGGING = ("tracking.py", "tracking_redact.py", "wandb_report.py")
+"""W&B logging: it writes no DVC output (a run's log is not a result), so neither it nor its imports are deps."""
 
 
 def _stage_reads(stage: str) -> set[Path]:
     """The source files a stage can run: its flow, the stage function in stages.py (and the stages.py helpers
-    it calls), then every trinity module those import, transitively (any import anywhere in a module)."""
-    stages_py = PROJECT_ROOT / "src/trinity/stages.py"
-    tree = ast.parse(stages_py.read_text())
-    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    todo_f, seen_f, mods = [stage], set(), set()
-    while todo_f:
-        f = todo_f.pop()
-        if f in seen_f:
-            continue
-        seen_f.add(f)
-        mods |= _trinity_imports(funcs[f])
-        todo_f += [n.id for n in ast.walk(funcs[f]) if isinstance(n, ast.Name) and n.id in funcs]
-    mods |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
-             and n.module.startswith("trinity")}
-    files = {stages_py, PROJECT_ROOT / f"flows/{stage}.py", PROJECT_ROOT / "flows/_bootstrap.py"}
-    for flow_file in (PROJECT_ROOT / "flows/_bootstrap.py", PROJECT_ROOT / f"flows/{stage}.py"):
-        mods |= _trinity_imports(ast.parse(flow_file.read_text())) - {"trinity.stages"}
-    todo = list(mods)
-    while todo:
-        mod = todo.pop()
-        if mod.split(".")[:2] in (["trinity", "tracking"], ["trinity", "tracking_redact"], ["trinity", "wandb_report"]):
-            continue  # W&B logging: it writes no DVC output (a run's log is not a result)
-        p = _module_file(mod)
-        if p is None or p in files:
-            continue
-        files.add(p)
-        parts = mod.split(".")
-        for i in range(2, len(parts)):  # a package's __init__ runs on import of its modules
-            todo.append(".".join(parts[:i]))
-        if p != stages_py:
-            todo += list(_trinity_imports(ast.parse(p.read_text())))
-    return files
+    it calls), then every trinity module those import, transitively (any import anywhere in a module): the walk
+    of `trinity.code_version.imported_files`, entered at the stage function and at the flow's own imports."""
+    flows = (PROJECT_ROOT / "flows/_bootstrap.py", PROJECT_ROOT / f"flows/{stage}.py")
+    mods = set().union(*(_trinity_imports(ast.parse(f.read_text())) for f in flows)) - {"trinity.stages"}
+    entries = [f"stages:{stage}", *(m.removeprefix("trinity.") for m in mods
+                                     if cv._module_file(cv.PACKAGE, m) is not None)]
+    return {*flows, *cv.imported_files(cv.PACKAGE, entries, stop=W_AND_B_LOGGING)}
 
 
 def test_dvc_deps_cover_every_file_a_stage_runs():

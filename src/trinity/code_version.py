@@ -132,8 +132,12 @@ def _module_name(package: Path, f: Path) -> str:
     return ".".join((package.name, *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
-def imported_files(package: Path = PACKAGE, entries: Iterable[str] = ENTRY_POINTS) -> list[Path]:
-    """Every file of `package` the entry points can run (see the module doc), exempt ones included."""
+def imported_files(package: Path = PACKAGE, entries: Iterable[str] = ENTRY_POINTS,
+                   stop: Iterable[str] = ()) -> list[Path]:
+    """Every file of `package` the entry points can run (see the module doc), exempt ones included. `stop`: files
+    (relative to the package) neither included nor followed (tests/test_results_integrity.py's DVC-deps check
+    leaves W&B logging out this way)."""
+    stopped = {package / rel for rel in stop}
     roots: dict[str, set[str] | None] = {}
     for e in entries:
         mod, _, fn = e.partition(":")
@@ -149,7 +153,7 @@ def imported_files(package: Path = PACKAGE, entries: Iterable[str] = ENTRY_POINT
     while todo:
         module = todo.pop()
         f = _module_file(package, module)
-        if f is None or f in seen:
+        if f is None or f in seen or f in stopped:
             continue
         seen.add(f)
         module = _module_name(package, f)
