@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from trinity import stages
+from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 from trinity.config import load_settings
 from trinity.coordinator.encoder import TranscriptEncoder
 from trinity.coordinator.episode import StateCache
@@ -36,8 +36,8 @@ def main():
     if args.chunk_tokens is not None:
         c = settings.coordinator.model_copy(update={"encode_chunk_tokens": args.chunk_tokens})
         settings = settings.model_copy(update={"coordinator": c})
-    pool = build_pool(settings.pool, store=None, role_max_tokens=stages._role_caps(settings))
-    encoder = stages.make_encoder(settings)
+    pool = build_pool(settings.pool, store=None, role_max_tokens=stage_common.role_caps(settings))
+    encoder = stage_common.make_encoder(settings)
     states = StateCache(encoder, store=None)
     rng = np.random.default_rng(0)
     W = HeadShape(len(pool), encoder.dim).unflatten(rng.standard_normal((len(pool) + 3) * encoder.dim) * 0.5)

@@ -115,7 +115,7 @@ def main() -> None:
     c = settings.coordinator
     caps = {"thinker": c.thinker_max_tokens, "verifier": c.verifier_max_tokens}
     if real:
-        from trinity.stages import make_encoder
+        from trinity.stages.common import make_encoder
 
         encoder = make_encoder(settings)
     else:

@@ -1,6 +1,6 @@
 """Learnability: does the training machinery learn a routing whose answer is known?
 
-The known-answer problem (src/trinity/evolve/known_answer.py): arithmetic, multiple-choice and code tasks, and a
+The known-answer problem (bench/known_answer.py): arithmetic, multiple-choice and code tasks, and a
 scripted pool of four members — one expert per family (right on its family, plausibly wrong elsewhere) and one
 that answers nothing; as Verifiers they accept a right answer with probability 0.9 and a wrong one with 0.2.
 The oracle router (each task to its family's expert) scores 1.0; any single member alone 1/3.
@@ -67,10 +67,10 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
         log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     from trinity.config import load_settings
     from trinity.coordinator.episode import RolloutTrees, StateCache
-    from trinity.evolve import known_answer as ka
+    import known_answer as ka
     from trinity.evolve.sep_cma import default_popsize, param_layout
     from trinity.grading import grade
-    from trinity.stages import make_encoder
+    from trinity.stages.common import make_encoder
 
     t_start = time.perf_counter()
     project = load_settings(params)
@@ -154,7 +154,7 @@ def markdown(res: dict, command: str) -> str:
         f"Measured by `{command}` at commit {d['commit']} on {d['cpu']}; {d['wall_s']:.0f} s. Scripted pool (no LLM): "
         "one expert per task family (arithmetic, multiple choice, code), one member that answers nothing; verifiers "
         "accept a right answer with p = 0.9, a wrong one with p = 0.2. Real encoder, head, episode loop, reward "
-        "shaping, optimisers, graders and code sandbox (src/trinity/evolve/known_answer.py).", "",
+        "shaping, optimisers, graders and code sandbox (bench/known_answer.py).", "",
         f"Budget, the same for every method: {b['generations']} generations x popsize {b['popsize']} x "
         f"{b['tasks_per_generation']} tasks = {b['episodes_per_method']} episodes; {d['tasks']['train']} training and "
         f"{d['tasks']['heldout']} held-out tasks (other draws of the same families). σ0 = {st['sigma0']}, REINFORCE "

@@ -157,7 +157,7 @@ async def served_stored(base: str, qs: list[str], reps: int, fmt: str) -> list[f
 
 async def in_process_stored(coordinator, qs: list[str], reps: int, fmt: str) -> list[float]:
     """The same replays through Coordinator.answer in this process (one warm-up each)."""
-    from trinity.conversation import task_from_messages
+    from trinity.serving.conversation import task_from_messages
 
     med = []
     for q in qs:
@@ -193,9 +193,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    from trinity import stages
+    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
     from trinity.config import load_settings
-    from trinity.conversation import Coordinator
+    from trinity.serving.conversation import Coordinator
 
     load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="trinity-serve-load-"))
@@ -204,10 +204,10 @@ def main() -> None:
     fake = None
     params, checkpoint = args.params, args.checkpoint
     if args.fake_latency is not None:
-        encoder = stages.make_encoder(load_settings(args.params))  # (the default coordinator LM)
+        encoder = stage_common.make_encoder(load_settings(args.params))  # (the default coordinator LM)
         fake, params, checkpoint = fake_pool(tmp, args.fake_latency, encoder.dim)
     else:
-        encoder = stages.make_encoder(load_settings(params))
+        encoder = stage_common.make_encoder(load_settings(params))
     qs = questions(args.requests, args.seed)
     server = Child([sys.executable, "-m", "trinity.cli", "serve", "--port", "0", "--params", str(params),
                     "--checkpoint", str(checkpoint), "--store", str(store), "--log-level", "warning"],

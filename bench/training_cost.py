@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     from trinity.evolve.sep_cma import evolve, saved_fitness_episodes
     from trinity.grading import grade, preflight
     from trinity.pool.runtime import build_pool
-    from trinity.stages import _role_caps, make_encoder
+    from trinity.stages.common import make_encoder, role_caps as _role_caps
     from trinity.store import Store
 
     base = load_settings(a.params)

@@ -1,6 +1,6 @@
 """Imported first by every flow: hermetic defaults (no telemetry, no hub, local Prefect state) and this checkout's
 `src/` first on sys.path, before Prefect is imported; `main`, what `python flows/<stage>.py` runs. The tasks a stage
-flow is made of are in `trinity.stage_flow` (importable by Dask workers, which a flow script's functions are not).
+flow is made of are in `trinity.ops.stage_flow` (importable by Dask workers, which a flow script's functions are not).
 
 Only defaults: a user's own PREFECT_API_URL / WANDB_MODE / etc. win.
 """
@@ -45,7 +45,7 @@ def main(flow_fn) -> None:
     """`python flows/<stage>.py [--params FILE]`: what `dvc repro` runs."""
     import argparse
 
-    from trinity.process_guard import guard_this_process
+    from trinity.ops.process_guard import guard_this_process
 
     ap = argparse.ArgumentParser(description=flow_fn.__doc__)
     ap.add_argument("--params", default="params.yaml")

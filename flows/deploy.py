@@ -1,6 +1,6 @@
 """`python flows/deploy.py [--name NAME ...]`: check prefect.yaml against the Prefect API named by the
 environment (PREFECT_API_URL, and PREFECT_API_KEY for Prefect Cloud), then register its deployments with
-`prefect deploy` from this checkout (trinity.deploy says what is checked). Exit 2 with every problem listed."""
+`prefect deploy` from this checkout (trinity.ops.deploy says what is checked). Exit 2 with every problem listed."""
 import os
 import sys
 from pathlib import Path
@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "flows"))
 def main() -> int:
     import argparse
 
-    from trinity.deploy import DeploymentConfigError, DvcRemoteError, deploy
+    from trinity.ops.deploy import DeploymentConfigError, DvcRemoteError, deploy
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--prefect-file", default=str(ROOT / "prefect.yaml"))

@@ -3,7 +3,7 @@ from _bootstrap import main  # hermetic defaults and this checkout's src/ first,
 
 from prefect import flow
 
-from trinity.stage_flow import run_stage
+from trinity.ops.stage_flow import run_stage
 
 
 @flow(name="trinity-encode")

@@ -1,6 +1,6 @@
 """Prefect flow `trinity-nightly-eval` (deployment `nightly-eval` in prefect.yaml): re-evaluate the current
 checkpoint with fresh calls, compare with the previous night, publish the result as Prefect artifacts, and end
-the run Failed when a score dropped beyond `drop_threshold` (trinity.nightly says how).
+the run Failed when a score dropped beyond `drop_threshold` (trinity.ops.nightly says how).
 
 `python flows/nightly_eval.py [--params FILE]` runs it once, without a deployment.
 """
@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.states import Failed
 
-from trinity.stage_flow import LLM_BOUND_RETRIES
+from trinity.ops.stage_flow import LLM_BOUND_RETRIES
 
 def _params_path(params: str) -> Path:
     return Path(params) if Path(params).is_absolute() else ROOT / params
@@ -25,10 +25,11 @@ def _params_path(params: str) -> Path:
 def check_inputs(params: str, drop_threshold: float) -> dict:
     """Everything that can be wrong, before any model is called: the threshold, params, the checkpoint and the
     prepared splits it is evaluated on, the pool's configuration, and the previous night's record."""
-    from trinity import nightly
+    from trinity.ops import nightly
     from trinity.config import load_settings
     from trinity.pool.errors import check_pool_config
-    from trinity.stages import Paths, _load_tasks
+    from trinity.stages.common import load_tasks as _load_tasks
+    from trinity.stages.paths import Paths
 
     nightly.check_threshold(drop_threshold)
     settings = load_settings(_params_path(params))
@@ -49,16 +50,16 @@ def evaluate_checkpoint(params: str, run_dir: str) -> dict:
     """The evaluate stage's code on a fresh store in `run_dir` (every call made again: no stored reply hides a
     changed model). A retry resumes from the calls the failed attempt stored in the same directory."""
     from trinity.config import load_settings
-    from trinity.nightly import NightlyPaths
-    from trinity.stages import evaluate
+    from trinity.ops.nightly import NightlyPaths
+    from trinity.stages import run_stage
 
-    evaluate(load_settings(_params_path(params)), NightlyPaths(ROOT, run_dir=Path(run_dir)))
+    run_stage("evaluate", load_settings(_params_path(params)), NightlyPaths(ROOT, run_dir=Path(run_dir)))
     return json.loads((Path(run_dir) / "results.json").read_text())
 
 
 @task(name="compare-with-previous", cache_policy=NO_CACHE)
 def compare_with_previous(results: dict, run: str, run_dir: str, drop_threshold: float):
-    from trinity import nightly
+    from trinity.ops import nightly
 
     current = nightly.NightlyRecord.from_results(results, run=run,
                                                  results_path=Path(run_dir).relative_to(ROOT) / "results.json")
@@ -69,7 +70,7 @@ def compare_with_previous(results: dict, run: str, run_dir: str, drop_threshold:
 def publish_artifacts(current, comparison) -> dict:
     """The markdown summary and the per-benchmark table, under stable keys (one version per night), and the
     night's record appended to data/nightly/history.jsonl (tomorrow's baseline)."""
-    from trinity import nightly
+    from trinity.ops import nightly
 
     create_markdown_artifact(nightly.summary_markdown(current, comparison), key=nightly.SUMMARY_ARTIFACT_KEY,
                              description=comparison.message())
@@ -87,7 +88,7 @@ def nightly_eval_flow(params: str = "params.yaml", drop_threshold: float = 0.05,
     inputs = check_inputs(params, drop_threshold)
     print(f"[nightly] evaluating the checkpoint on {inputs['in_distribution']} in-distribution and "
           f"{inputs['heldout']} held-out items; previous night: {inputs['previous_run'] or 'none'}")
-    from trinity.nightly import new_run_dir
+    from trinity.ops.nightly import new_run_dir
 
     run = flow_run.get_name() or "local"
     run_dir = new_run_dir(ROOT, run)

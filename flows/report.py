@@ -5,13 +5,13 @@ from _bootstrap import ROOT, main  # hermetic defaults and this checkout's src/ 
 
 from prefect import flow
 
-from trinity.stage_flow import load_params, run_stage
+from trinity.ops.stage_flow import load_params, run_stage
 
 
 @flow(name="trinity-report")
 def report_flow(params: str = "params.yaml") -> dict:
     """Run the report stage with the given params file (relative paths are from the project root); when W&B
-    is online, then build and save the W&B Report of this pipeline run (its group: trinity.tracking.wandb_group),
+    is online, then build and save the W&B Report of this pipeline run (its group: trinity.ops.tracking.wandb_group),
     from the stage runs' files once the report's own run has finished."""
     out = run_stage("report", params)
     wandb_report(params)
@@ -21,8 +21,8 @@ def report_flow(params: str = "params.yaml") -> dict:
 def wandb_report(params: str):
     import os
 
-    from trinity.tracking import wandb_group
-    from trinity.wandb_report import publish_if_online
+    from trinity.ops.tracking import wandb_group
+    from trinity.ops.wandb_report import publish_if_online
 
     settings = load_params.fn(params)
     return publish_if_online(Path(os.environ.get("WANDB_DIR") or ROOT / "data" / "wandb"), group=wandb_group(),

@@ -41,14 +41,14 @@ def _run_streaming(cmd: list[str]) -> None:
 
 @task(name="check-dvc-remote", cache_policy=NO_CACHE)
 def check_dvc_remote(dvc_remote: str | None) -> str:
-    from trinity.deploy import resolve_dvc_remote
+    from trinity.ops.deploy import resolve_dvc_remote
 
     return resolve_dvc_remote(ROOT, dvc_remote)
 
 
 @task(name="check-git", cache_policy=NO_CACHE)
 def check_git(git_remote: str | None) -> str | None:
-    from trinity.deploy import resolve_git_remote
+    from trinity.ops.deploy import resolve_git_remote
 
     return resolve_git_remote(ROOT, git_remote)
 
@@ -73,7 +73,7 @@ def git_commit(remote: str) -> str | None:
     """dvc.lock and reports/ as the pipeline left them, in a commit of their own (None: nothing changed)."""
     from prefect.runtime import flow_run
 
-    from trinity.deploy import commit_pipeline_state
+    from trinity.ops.deploy import commit_pipeline_state
 
     name = flow_run.get_name()
     commit = commit_pipeline_state(ROOT, f"weekly-retrain{' ' + name if name else ''}: dvc.lock and reports of the "

@@ -74,7 +74,7 @@ def _num(v) -> str:
 
 
 def render(rows: list[dict]) -> str:
-    from trinity.report import OPTIMISER_NAMES
+    from trinity.evaluation.report import OPTIMISER_NAMES
 
     b = rows[0]["budget"]
     benches = sorted({k for r in rows for k in r["trinity"] if not k.startswith("avg_")})

@@ -107,7 +107,7 @@ def test_random_search_is_deterministic_by_seed():
 
 
 def test_generation_logger_logs_every_member_and_role():
-    from trinity.stages import _generation_logger
+    from trinity.stages.evolve import generation_logger as _generation_logger
 
     logged = []
 

@@ -12,7 +12,9 @@ import typer
 from fake_openai_server import FakeOpenAIServer
 from test_serve import MEMBERS, THINKER_REPLY, PoolReplies, worker_reply, write_checkpoint, write_params
 
-from trinity import cli, stages
+from trinity import cli
+
+from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,7 +29,7 @@ def project(tmp_path_factory):
     write_checkpoint(root / "data" / "checkpoints" / "coordinator")
     from trinity.config import load_settings
 
-    encoder = stages.make_encoder(load_settings(params))  # loaded once for the module's in-process runs
+    encoder = stage_common.make_encoder(load_settings(params))  # loaded once for the module's in-process runs
     yield {"root": root, "params": params, "fake": fake, "encoder": encoder, "replies": replies}
     fake.stop()
 
@@ -35,7 +37,7 @@ def project(tmp_path_factory):
 @pytest.fixture
 def run(project, capsys, monkeypatch):
     """`trinity ARGS` in process: (exit code, stdout, stderr)."""
-    monkeypatch.setattr(stages, "make_encoder", lambda settings: project["encoder"])
+    monkeypatch.setattr(stage_common, "make_encoder", lambda settings: project["encoder"])
     monkeypatch.setenv("COLUMNS", "200")
 
     def go(*args: str, root: bool = True) -> tuple[int, str, str]:
@@ -148,7 +150,7 @@ def test_episodes_play_off_the_event_loop_and_report_turns_on_it(project, tmp_pa
     import asyncio
     import threading
 
-    from trinity.conversation import Coordinator, task_from_messages
+    from trinity.serving.conversation import Coordinator, task_from_messages
 
     encoder = project["encoder"]
     encode_threads: list[str] = []

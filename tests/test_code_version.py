@@ -38,7 +38,7 @@ def test_a_module_a_stage_starts_to_import_is_hashed_without_editing_any_list(tm
     assert pkg / "shaping.py" not in cv.source_files(pkg)  # nothing imports it yet
     (pkg / "shaping.py").write_text("SCALE = 2\n")
     assert cv.raw_code_version(pkg) == base
-    _sub(pkg / "stages.py", r"(\ndef evolve\(settings: Settings.*:\n)", r"\1    from trinity.shaping import SCALE\n")
+    _sub(pkg / "stages/evolve.py", r"(\ndef run\(settings: Settings.*:\n)", r"\1    from trinity.shaping import SCALE\n")
     assert pkg / "shaping.py" in cv.source_files(pkg)
     v = cv.raw_code_version(pkg)
     (pkg / "shaping.py").write_text("SCALE = 3\n")
@@ -47,11 +47,11 @@ def test_a_module_a_stage_starts_to_import_is_hashed_without_editing_any_list(tm
 
 @pytest.mark.parametrize("rel, pattern, repl", [
     ("pool/runtime.py", r"\bseed=0\b", "seed=1"),  # the sampling seed of every call
-    ("stages.py", r'"verifier": c\.verifier_max_tokens', '"verifier": c.verifier_max_tokens // 2'),  # role caps
+    ("stages/common.py", r'"verifier": c\.verifier_max_tokens', '"verifier": c.verifier_max_tokens // 2'),  # role caps
     ("store.py", r'key = \{"model": model_id,', 'key = {"model_id": model_id,'),  # the response-store key
     ("pool/openai_compat.py", r"\Z", "\n_EXTRA_HEADER = 1\n"),  # the HTTP member (edited elsewhere: append)
     ("pool/bundled.py", r'"b179c9523d0e', '"0179c9523d0e'),  # a bundled model's pinned hash
-    ("evaluation.py", r"\Z", "\n_SHAPES = 1\n"),  # the evaluate stage's scoring
+    ("evaluation/run.py", r"\Z", "\n_SHAPES = 1\n"),  # the evaluate stage's scoring
 ])
 def test_code_that_shapes_replies_or_scores_changes_the_version(tmp_path, rel, pattern, repl):
     pkg = _copy_package(tmp_path)
@@ -63,7 +63,7 @@ def test_code_that_shapes_replies_or_scores_changes_the_version(tmp_path, rel, p
 def test_runtime_only_and_other_stages_code_do_not_change_the_version(tmp_path):
     pkg = _copy_package(tmp_path)
     base = cv.raw_code_version(pkg)
-    for rel in ("tracking.py", "evolve/engine.py", "report.py", "stage_flow.py", "cli.py", "__init__.py"):
+    for rel in ("ops/tracking.py", "evolve/engine.py", "evaluation/report.py", "ops/stage_flow.py", "cli.py", "__init__.py"):
         _sub(pkg / rel, r"\Z", "\n_UNUSED = 1\n")
     _sub(pkg / "code_version.py", r"COMPATIBLE_REFACTORS: dict\[str, str\] = \{\}",
          'COMPATIBLE_REFACTORS: dict[str, str] = {"0123456789abcdef": "fedcba9876543210"}')
@@ -103,9 +103,10 @@ def test_every_exemption_is_imported_by_a_stage_and_says_why():
         assert cv.PACKAGE / rel in reached, f"RUNTIME_ONLY {rel}: no stage imports it, drop it from the list"
         assert why.strip()
     hashed = {f.relative_to(cv.PACKAGE).as_posix() for f in cv.source_files()}
-    assert {"stages.py", "store.py", "pool/runtime.py", "pool/openai_compat.py", "pool/local.py", "evaluation.py",
-            "coordinator/episode.py", "evolve/sep_cma.py"} <= hashed
-    assert not hashed & {"report.py", "stage_flow.py", "cli.py", "tracking.py", "code_version.py"}
+    assert {"stages/evolve.py", "stages/evaluate.py", "stages/common.py", "store.py", "pool/runtime.py",
+            "pool/openai_compat.py", "pool/local.py", "evaluation/run.py", "coordinator/episode.py",
+            "evolve/sep_cma.py"} <= hashed
+    assert not hashed & {"evaluation/report.py", "ops/stage_flow.py", "cli.py", "ops/tracking.py", "code_version.py"}
 
 
 def test_module_cli_prints_the_version_and_lists_the_files():

@@ -1,4 +1,4 @@
-"""weekly-retrain's git side (trinity.deploy): the work tree and git remote checked by name, and the commit that
+"""weekly-retrain's git side (trinity.ops.deploy): the work tree and git remote checked by name, and the commit that
 records what the pipeline pushed — dvc.lock, reports/, DVC's .gitignore entries — and nothing else."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trinity.deploy import FALLBACK_AUTHOR, GitError, commit_pipeline_state, resolve_git_remote
+from trinity.ops.deploy import FALLBACK_AUTHOR, GitError, commit_pipeline_state, resolve_git_remote
 
 
 def _git(cwd: Path, *args: str, env: dict | None = None) -> str:

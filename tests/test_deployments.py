@@ -28,7 +28,7 @@ import yaml
 
 from trinity.config import PROJECT_ROOT, load_settings
 from trinity.data.splits import save_tasks
-from trinity.nightly import (SCORES_ARTIFACT_KEY, SUMMARY_ARTIFACT_KEY, NightlyRecord, compare, history_path,
+from trinity.ops.nightly import (SCORES_ARTIFACT_KEY, SUMMARY_ARTIFACT_KEY, NightlyRecord, compare, history_path,
                              summary_markdown)
 from trinity.records import Task
 
@@ -82,7 +82,7 @@ def llm():
 def project(tmp_path_factory, llm):
     """A checkout (flows/, src/, prefect.yaml) with a tiny params.yaml, its prepared splits, a coordinator
     trained on them by the evolve stage, and a DVC project with a default (local) remote."""
-    from trinity import stages
+    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 
     tmp = tmp_path_factory.mktemp("deployments")
     repo = tmp / "repo"
@@ -92,10 +92,10 @@ def project(tmp_path_factory, llm):
         (shutil.copytree(src, repo / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
          if src.is_dir() else shutil.copy(src, repo / item))
     (repo / "params.yaml").write_text(yaml.safe_dump(_tiny_params(llm.base_url), sort_keys=False))
-    paths = stages.Paths(repo)
+    paths = stage_paths.Paths(repo)
     for split, tasks in (("train", TRAIN), ("in_distribution", IN_DISTRIBUTION), ("heldout", HELDOUT)):
-        save_tasks(paths.prepared / stages.SPLIT_FILES[split], tasks)
-    stages.evolve(load_settings(repo / "params.yaml"), paths)
+        save_tasks(paths.prepared / stage_paths.SPLIT_FILES[split], tasks)
+    run_stage("evolve", load_settings(repo / "params.yaml"), paths)
     assert paths.checkpoint.with_suffix(".npy").exists()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
@@ -220,7 +220,7 @@ def test_bad_deployments_are_refused_by_name_before_anything_is_registered(proje
     shutil.copy(project / "prefect.yaml", remote_less / "prefect.yaml")
     (remote_less / ".dvc").mkdir()
     (remote_less / ".dvc" / "config").write_text("")
-    from trinity.deploy import DvcRemoteError, resolve_dvc_remote
+    from trinity.ops.deploy import DvcRemoteError, resolve_dvc_remote
 
     with pytest.raises(DvcRemoteError, match=r"sets no default remote.*configured remotes: none"):
         resolve_dvc_remote(remote_less, None)
@@ -423,7 +423,7 @@ def test_llm_bound_tasks_retry_an_outage_with_backoff_and_jitter_but_not_bad_inp
     from prefect.cache_policies import NO_CACHE
     from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
 
-    from trinity.stage_flow import LLM_BOUND_RETRIES
+    from trinity.ops.stage_flow import LLM_BOUND_RETRIES
 
     opts = LLM_BOUND_RETRIES
     assert opts["retries"] == 2 and opts["retry_delay_seconds"](2) == [60, 120] and opts["retry_jitter_factor"] == 0.5

@@ -95,11 +95,11 @@ def test_report_stage_reads_only_its_declared_dependencies(tmp_path):
     import yaml
 
     from test_results_integrity import _report_inputs, settings
-    from trinity import stages
+    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 
-    paths = stages.Paths(tmp_path)
+    paths = stage_paths.Paths(tmp_path)
     _report_inputs(paths)
-    out = stages.report(settings(), paths)
+    out = run_stage("report", settings(), paths)
     assert Path(out["summary"]).is_file()
     assert not paths.store.exists() and not paths.exports.exists()
     report = yaml.safe_load((PROJECT_ROOT / "dvc.yaml").read_text())["stages"]["report"]

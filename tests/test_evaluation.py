@@ -8,15 +8,15 @@ import pytest
 import yaml
 
 from scripted_pool import HashEncoder, ScriptedModel
-from trinity import stages
+from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 from trinity.config import ConfigError, DataSettings, PoolMember, Settings, load_settings
 from trinity.coordinator.episode import StateCache
 from trinity.data.splits import ContaminationError, build_all_splits, save_tasks
-from trinity.evaluation import ORACLE, evaluate, summarise
+from trinity.evaluation.run import ORACLE, evaluate, summarise
 from trinity.grading.judge import MTBenchJudge, judge_member, load_judge_prompts
 from trinity.pool.runtime import Pool
 from trinity.records import ChatResponse, Task
-from trinity.stats import bootstrap_mean, compare, paired_bootstrap
+from trinity.evaluation.stats import bootstrap_mean, compare, paired_bootstrap
 from trinity.store import Store
 
 MATH = [Task(id=f"m/{i}", source="math500", prompt=(f"What is {i}+1?",), grader="math", answer=str(i + 1))
@@ -100,7 +100,7 @@ def test_every_method_plays_the_same_items_and_mt_bench_is_judged_turn_by_turn(t
     assert [j["score"] for j in mt.judge] == [8.0, 6.0] and mt.score == 7.0  # the mean of the two turns
     # The zero-head coordinator answers no turn (Thinker every turn): each answerless turn scores the scale's
     # minimum and costs no judge call; every answered turn is judged.
-    from trinity.evaluation import NO_ANSWER_SCORE
+    from trinity.evaluation.run import NO_ANSWER_SCORE
     mt_items = [i for i in run.items if i.task.source == "mt_bench"]
     answered = sum(1 for i in mt_items for tr in i.judge if tr["prompt"] is not None)
     trinity_mt = next(i for i in mt_items if i.method == "trinity")
@@ -195,24 +195,24 @@ def test_in_distribution_items_are_never_training_items(root):
 
 
 def test_a_heldout_item_in_training_fails_the_stage_loudly(tmp_path, root):
-    paths = stages.Paths(tmp_path)
+    paths = stage_paths.Paths(tmp_path)
     s = build_all_splits(root, {"math500": 3}, {"math500": 2}, {"gpqa": 2}, seed=0)
     paths.prepared.mkdir(parents=True)
     save_tasks(paths.prepared / "train.jsonl", [*s.train, s.heldout[0]])  # someone edited the prepared file
     save_tasks(paths.prepared / "in_distribution.jsonl", s.in_distribution)
     save_tasks(paths.prepared / "heldout.jsonl", s.heldout)
     with pytest.raises(ContaminationError, match="held-out benchmarks in the training set: \\['gpqa'\\]"):
-        stages._load_tasks(paths)
+        stage_common.load_tasks(paths)
     # the same prompt text under another id is caught too (normalised text, not only ids)
     copy = Task(id="math500/copy", source="math500", prompt=(s.in_distribution[0].prompt[0].upper() + "  ",),
                 grader="math", answer="1")
     save_tasks(paths.prepared / "train.jsonl", [*s.train, copy])
     with pytest.raises(ContaminationError, match="same prompt text"):
-        stages._load_tasks(paths)
+        stage_common.load_tasks(paths)
 
 
 def test_a_judge_outside_the_pool_or_a_missing_judge_is_named(tmp_path):
-    base = yaml.safe_load(open(stages.PROJECT_ROOT / "params.yaml"))
+    base = yaml.safe_load(open(stage_paths.PROJECT_ROOT / "params.yaml"))
     bad = {**base, "evaluate": {**base["evaluate"], "judge": "gpt-9"}}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(ConfigError, match="evaluate.judge: 'gpt-9' is not a pool member"):
@@ -230,11 +230,11 @@ def test_a_judge_outside_the_pool_or_a_missing_judge_is_named(tmp_path):
 def test_the_evaluate_stage_checks_before_calling_a_model(tmp_path, root, monkeypatch):
     """A missing judge-prompt file is named before any model is built or called."""
     monkeypatch.setenv("TRINITY_DATA_DIR", str(tmp_path / "no-benchmarks"))
-    settings = load_settings(stages.PROJECT_ROOT / "params.yaml")
-    paths = stages.Paths(tmp_path)
+    settings = load_settings(stage_paths.PROJECT_ROOT / "params.yaml")
+    paths = stage_paths.Paths(tmp_path)
     s = build_all_splits(root, {"math500": 2}, {}, {"mt_bench": 1}, seed=0)
     paths.prepared.mkdir(parents=True)
-    for split, name in stages.SPLIT_FILES.items():
+    for split, name in stage_paths.SPLIT_FILES.items():
         save_tasks(paths.prepared / name, getattr(s, split))
     from trinity.evolve.sep_cma import save_checkpoint
 
@@ -243,7 +243,7 @@ def test_the_evaluate_stage_checks_before_calling_a_model(tmp_path, root, monkey
     built = []
     monkeypatch.setattr("trinity.pool.runtime.build_pool", lambda *a, **k: built.append(1))
     with pytest.raises(Exception, match="judge_prompts.jsonl: judge prompts file not found"):
-        stages.evaluate(settings, paths)
+        run_stage("evaluate", settings, paths)
     assert not built
 
 
@@ -252,11 +252,11 @@ def _profile(block_name: str) -> Settings:
     params.yaml (DVC would add a misspelt key silently; the settings check would then reject it)."""
     import re
 
-    text = (stages.PROJECT_ROOT / "Makefile").read_text()
+    text = (stage_paths.PROJECT_ROOT / "Makefile").read_text()
     block = re.search(rf"^{block_name} := (.*?)\n(?!\t)", text, re.S | re.M).group(1)
     overrides = re.findall(r"([\w.]+)=(-?\d+)", block)
     assert overrides, f"Makefile {block_name} sets nothing"
-    params = yaml.safe_load((stages.PROJECT_ROOT / "params.yaml").read_text())
+    params = yaml.safe_load((stage_paths.PROJECT_ROOT / "params.yaml").read_text())
     for key, value in overrides:
         *parents, leaf = key.split(".")
         node = params
@@ -272,8 +272,8 @@ def test_the_every_item_profile_overrides_existing_keys_to_every_item(root):
     full = _profile("EVERY_ITEM")
     evaluated = {**full.data.in_distribution, **full.data.heldout}
     assert set(evaluated.values()) == {-1} and full.data.math500_max_level == 5
-    assert set(evaluated) == set(load_settings(stages.PROJECT_ROOT / "params.yaml").data.in_distribution) | set(
-        load_settings(stages.PROJECT_ROOT / "params.yaml").data.heldout)
+    assert set(evaluated) == set(load_settings(stage_paths.PROJECT_ROOT / "params.yaml").data.in_distribution) | set(
+        load_settings(stage_paths.PROJECT_ROOT / "params.yaml").data.heldout)
     s = build_all_splits(root, {"math500": 3}, {}, {"aime": -1, "gpqa": -1}, seed=0)
     assert {t.source: 0 for t in s.heldout} and len(s.heldout) == 60 + 198
 
@@ -281,7 +281,7 @@ def test_the_every_item_profile_overrides_existing_keys_to_every_item(root):
 def test_the_full_profile_trains_longer_and_evaluates_enough_items_for_a_paired_interval(root):
     """`make run-full`: more training (tasks x candidates x generations) than the default run, on the same
     training benchmarks, and at least 10 in-distribution items per training benchmark."""
-    default = Settings.model_validate(yaml.safe_load((stages.PROJECT_ROOT / "params.yaml").read_text()))
+    default = Settings.model_validate(yaml.safe_load((stage_paths.PROJECT_ROOT / "params.yaml").read_text()))
     full = _profile("FULL_TRAIN")
     assert set(full.data.train) == set(default.data.train) == set(full.data.in_distribution)
     budget = lambda s: s.evolve.popsize * s.evolve.episodes_per_candidate * s.evolve.generations  # noqa: E731
@@ -299,7 +299,7 @@ def _task(tid: str, source: str, judged: bool = False) -> Task:
 def _item(method: str, task: Task, split: str, score=None, turn_scores=None):
     """A hand-made ItemResult: `score` for a one-unit item; `turn_scores` (None = no valid judgement) for a judged
     one, recorded as _judge_items records them."""
-    from trinity.evaluation import ItemResult
+    from trinity.evaluation.run import ItemResult
 
     judge, error = [], None
     if turn_scores is not None:
@@ -325,7 +325,7 @@ def _mt_items(methods=tuple(MT_TURNS)):
 
 
 def test_mt_bench_is_scored_per_turn_and_paired_on_the_item_turn_units_both_have():
-    from trinity.evaluation import EvalRun
+    from trinity.evaluation.run import EvalRun
 
     t = summarise(EvalRun(_mt_items(("trinity", "alone:x", "random-routing")), {}, 1.0), resamples=300, seed=0)
     trinity = t["scores"]["trinity"]["mt_bench"]
@@ -357,7 +357,7 @@ def test_mt_bench_is_scored_per_turn_and_paired_on_the_item_turn_units_both_have
 
 
 def test_pooled_paired_per_split_against_one_best_member_chosen_on_the_pooled_score():
-    from trinity.evaluation import EvalRun
+    from trinity.evaluation.run import EvalRun
 
     plan = {  # in-distribution: math500, mmlu; held-out: gpqa (+ MT-Bench)
         "math500": {"trinity": [1, 1, 0], "alone:x": [1, 0, 0], "alone:y": [0, 0, 1], "random-routing": [0, 0, 0]},
@@ -401,7 +401,7 @@ def test_pooled_paired_per_split_against_one_best_member_chosen_on_the_pooled_sc
         clusters=["g0", "g1", "A", "B", "B"]).as_dict()["ci95"])
     json.dumps(t)
     # the report reads what summarise wrote: the per-turn columns and the pooled rows
-    from trinity import report
+    from trinity.evaluation import report
 
     rendered = "\n".join(report.main_table(t) + report.pooled_table(t))
     assert "mt_bench turn 2 (n=2, 1–10)" in rendered and "mt_bench all turns (n=2x2, 1–10)" in rendered

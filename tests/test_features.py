@@ -2,6 +2,7 @@
 the map is fitted on the training tasks' root states, saved with the checkpoint and applied identically later,
 while the store keeps raw states. Scripted pool and hash encoder: the plumbing is under test here (whether it
 helps learning is bench/learnability.py's question)."""
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,12 +12,14 @@ from trinity.config import load_settings
 from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, play_episodes
 from trinity.coordinator.features import FeatureMap, checkpoint_features, features_json, fit_feature_map
 from trinity.coordinator.roles import coordinator_text
-from trinity.evolve import known_answer as ka
 from trinity.evolve.sep_cma import evolve
 from trinity.grading import grade
 from trinity.store import Store, text_key
 
 from scripted_pool import HashEncoder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import known_answer as ka  # noqa: E402  (the bench fixture: bench/known_answer.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 

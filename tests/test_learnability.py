@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from trinity.coordinator.roles import parse_verdict  # noqa: E402
-from trinity.evolve import known_answer as ka  # noqa: E402
+import known_answer as ka  # noqa: E402
 from trinity.grading import grade  # noqa: E402
 
 

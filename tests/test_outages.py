@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from scripted_pool import HashEncoder, ScriptedModel
-from trinity import stages
+from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 from trinity.config import CoordinatorSettings, EvolveSettings, PoolMember, PoolSettings, RewardSettings, Settings
 from trinity.coordinator.episode import Episode, StateCache, episode_rng, episode_rngs, play_episodes
 from trinity.evolve import sep_cma
@@ -209,7 +209,7 @@ def test_the_llm_bound_stage_tasks_retry_an_outage_never_bad_input():
     from prefect.states import exception_to_failed_state
 
     from trinity.coordinator.episode import OutageError
-    from trinity.stage_flow import LLM_BOUND_RETRIES, retry_unless_bad_input
+    from trinity.ops.stage_flow import LLM_BOUND_RETRIES, retry_unless_bad_input
 
     assert LLM_BOUND_RETRIES["retry_condition_fn"] is retry_unless_bad_input and LLM_BOUND_RETRIES["retries"] >= 1
     def failed(exc):  # the state the task engine makes of a task that raised
@@ -223,19 +223,19 @@ def test_the_llm_bound_stage_tasks_retry_an_outage_never_bad_input():
 def _evaluate_setup(tmp_path, monkeypatch):
     from trinity.data.splits import save_tasks
 
-    paths = stages.Paths(tmp_path)
+    paths = stage_paths.Paths(tmp_path)
     train = [Task(id=f"tr/{i}", source="math500", prompt=(f"Train {i}: what is 2+3?",), grader="math", answer="5")
              for i in range(2)]
     paths.prepared.mkdir(parents=True)
     for split, tasks in (("train", train), ("in_distribution", TASKS[:3]), ("heldout", [])):
-        save_tasks(paths.prepared / stages.SPLIT_FILES[split], tasks)
+        save_tasks(paths.prepared / stage_paths.SPLIT_FILES[split], tasks)
     settings = Settings(pool=PoolSettings(members=[
         PoolMember(name=n, backend="local", model="smollm2-135m-instruct") for n in "ab"]),
         coordinator=CoordinatorSettings(max_turns=2))
     sep_cma.save_checkpoint(paths.checkpoint, np.zeros(5 * HashEncoder.dim),
                             {"pool": [{"name": n, "model_id": f"scripted:{n}"} for n in "ab"], "svf_layer": None,
                              "encoder": HashEncoder.encoder_id})
-    monkeypatch.setattr(stages, "make_encoder", lambda s: HashEncoder())
+    monkeypatch.setattr(stage_common, "make_encoder", lambda s: HashEncoder())
     return paths, settings
 
 
@@ -253,7 +253,7 @@ def test_evaluate_raises_an_outage_after_writing_its_results(tmp_path, monkeypat
 
     monkeypatch.setattr("trinity.pool.runtime.build_pool", build((GOOD, WORKER_DOWN)))
     with pytest.raises(RuntimeError, match="outage") as err:
-        stages.evaluate(settings, paths)
+        run_stage("evaluate", settings, paths)
     from trinity.coordinator.episode import OutageError
 
     assert isinstance(err.value, OutageError)
@@ -267,7 +267,7 @@ def test_evaluate_raises_an_outage_after_writing_its_results(tmp_path, monkeypat
 
     first = pools[-1].stats
     monkeypatch.setattr("trinity.pool.runtime.build_pool", build((GOOD, WRONG)))
-    stages.evaluate(settings, paths)  # the retry: b is back
+    run_stage("evaluate", settings, paths)  # the retry: b is back
     again = pools[-1].stats
     rows = [json.loads(line) for line in (paths.eval_dir / "episodes.jsonl").read_text().splitlines()]
     assert all(r["score"] is not None for r in rows)

@@ -102,7 +102,7 @@ def test_repro_produces_checkpoint_report_and_wandb_run(repo):
     runs = list((Path(env["WANDB_DIR"]) / "wandb").glob("offline-run-*"))
     assert len(runs) >= 5 and all(list(r.glob("*.wandb")) for r in runs)
     # one W&B group for the repro (its dvc process), and the W&B Report of it, built offline from its runs
-    from trinity.wandb_report import local_runs, publish
+    from trinity.ops.wandb_report import local_runs, publish
     groups = {r.group for r in local_runs(Path(env["WANDB_DIR"]))}
     assert len(groups) == 1 and next(iter(groups)).startswith("dvc-"), groups
     built = publish(Path(env["WANDB_DIR"]), mode="offline")
@@ -132,7 +132,7 @@ def test_second_repro_runs_nothing(repo):
 def test_a_queued_experiments_copy_shares_the_workspaces_store(tmp_path):
     """DVC runs a queued experiment in a copy under <workspace>/.dvc/tmp/exps/: its outputs are its own, its
     response store is the workspace's."""
-    from trinity.stages import Paths
+    from trinity.stages.paths import Paths
 
     ws = tmp_path / "ws"
     (ws / ".dvc").mkdir(parents=True)
@@ -161,7 +161,7 @@ def test_push_then_pull_restores_every_output_byte_for_byte(repo):
     """`dvc push` to the default remote of .dvc/config, every output and DVC's cache deleted, `dvc pull`: the
     prepared data, the checkpoint and the evaluation come back identical and `dvc status` is clean. A remote of
     one's own (`dvc remote add -d --local`) then takes over as the default."""
-    from trinity.deploy import resolve_dvc_remote
+    from trinity.ops.deploy import resolve_dvc_remote
 
     repo, env, _, _ = repo
     default = repo.parent / "trinity-dvc-storage"  # ../../trinity-dvc-storage, resolved against repo/.dvc

@@ -22,7 +22,7 @@ from trinity.pool.base import ChatModel
 from trinity.pool.errors import MissingApiKeyError, PoolConfigError, check_pool_config
 from trinity.pool.openai_compat import OpenAICompatibleChatModel, parse_retry_after
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
-from trinity.tracking_redact import RedactingFilter, redact, redact_text, register_secret_env_names
+from trinity.redact import RedactingFilter, redact, redact_text, register_secret_env_names
 
 KEY_ENV = "TRINITY_TEST_FAKE_KEY"
 PRICE_IN, PRICE_OUT = 3.0, 15.0  # $ per 1M tokens

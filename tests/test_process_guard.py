@@ -1,5 +1,5 @@
 """A flow process started as `python flows/<stage>.py` without PREFECT_API_URL (so Prefect starts its ephemeral
-API server) leaves no process behind when it is SIGKILLed: trinity.process_guard's guardian stops the server.
+API server) leaves no process behind when it is SIGKILLed: trinity.ops.process_guard's guardian stops the server.
 Everything runs under tests/process_supervisor.py, which ends whatever is left when the test does."""
 import os
 import signal

@@ -1,9 +1,9 @@
 """The stage dispatch names an unknown stage (the report itself: tests/test_report_module.py)."""
 import pytest
 
-from trinity import stages
+from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 
 
 def test_unknown_stage_is_named():
     with pytest.raises(ValueError, match="unknown stage 'evolv'.*prepare, encode, evolve"):
-        stages.run_stage("evolv", None)
+        run_stage("evolv", None)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from trinity import report
+from trinity.evaluation import report
 
 POOL = ["alpha", "beta"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -137,14 +137,14 @@ def test_code_change_starts_a_new_run_and_refactor_declared_compatible_resumes(t
 
 
 def test_run_id_and_fingerprint_carry_the_code_version(monkeypatch):
-    from trinity import stages
+    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 
     s = settings()
-    a = stages.run_id(s, "evolve")
+    a = cv.run_id(s, "evolve")
     monkeypatch.setattr(cv, "raw_code_version", lambda package=cv.PACKAGE: "feedfacefeedface")
     cv.code_version.cache_clear()
     try:
-        assert stages.run_id(s, "evolve") != a and stages.run_id(s, "evolve").endswith("feedface")
+        assert cv.run_id(s, "evolve") != a and cv.run_id(s, "evolve").endswith("feedface")
     finally:
         cv.code_version.cache_clear()
 
@@ -360,7 +360,7 @@ def test_saved_fitness_is_measured_on_the_same_episodes_every_generation(tmp_pat
 
 # ------------------------------------------------------------------ 6. one definition of the answer
 def test_a_failed_worker_reply_is_never_the_answer(tmp_path):
-    from trinity.evaluation import evaluate
+    from trinity.evaluation.run import evaluate
 
     failed_worker = {**WRONG, "worker": ChatResponse(text="\\boxed{7} (cut off", ok=False, error="http 503")}
     with Store(tmp_path / "s.duckdb") as store:
@@ -406,17 +406,17 @@ def _trinity_imports(tree: ast.AST) -> set[str]:
     return out
 
 
-W_AND_B_LOGGING = ("tracking.py", "tracking_redact.py", "wandb_report.py")
+W_AND_B_LOGGING = ("ops/tracking.py", "ops/wandb_report.py")
 """W&B logging: it writes no DVC output (a run's log is not a result), so neither it nor its imports are deps."""
 
 
 def _stage_reads(stage: str) -> set[Path]:
-    """The source files a stage can run: its flow, the stage function in stages.py (and the stages.py helpers
-    it calls), then every trinity module those import, transitively (any import anywhere in a module): the walk
+    """The source files a stage can run: its flow, the stage's `run` in stages/<stage>.py (and the helpers of
+    that module it calls), then every trinity module those import, transitively (any import anywhere in a module): the walk
     of `trinity.code_version.imported_files`, entered at the stage function and at the flow's own imports."""
     flows = (PROJECT_ROOT / "flows/_bootstrap.py", PROJECT_ROOT / f"flows/{stage}.py")
     mods = set().union(*(_trinity_imports(ast.parse(f.read_text())) for f in flows)) - {"trinity.stages"}
-    entries = [f"stages:{stage}", *(m.removeprefix("trinity.") for m in mods
+    entries = [f"stages.{stage}:run", *(m.removeprefix("trinity.") for m in mods
                                      if cv._module_file(cv.PACKAGE, m) is not None)]
     return {*flows, *cv.imported_files(cv.PACKAGE, entries, stop=W_AND_B_LOGGING)}
 
@@ -449,7 +449,7 @@ def _report_inputs(paths) -> None:
     import json
 
     from trinity.coordinator.roles import make_turn
-    from trinity.evaluation import EvalRun, ItemResult, summarise
+    from trinity.evaluation.run import EvalRun, ItemResult, summarise
 
     paths.eval_dir.mkdir(parents=True)
     paths.evolve_dir.mkdir(parents=True)
@@ -469,9 +469,9 @@ def _report_inputs(paths) -> None:
 
 
 def test_readers_work_while_a_writer_holds_the_store(tmp_path):
-    from trinity import stages
+    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 
-    paths = stages.Paths(tmp_path)
+    paths = stage_paths.Paths(tmp_path)
     db = paths.store
     with Store(db) as store:
         store.put_response("k", "m", "worker", ASK, SamplingParams(), ChatResponse(text="hello"))
@@ -493,7 +493,7 @@ def test_readers_work_while_a_writer_holds_the_store(tmp_path):
             assert reader.get_response("new").text == "kept in memory" and reader.unsaved_writes == 1
         with Store.open_or_read(db) as shared:  # `trinity ask`'s way in
             assert shared.read_only
-        out = stages.report(settings(), paths)  # the report stage, while the writer runs (it reads no store)
+        out = run_stage("report", settings(), paths)  # the report stage, while the writer runs (it reads no store)
         assert Path(out["summary"]).exists()
         from trinity.cli import main as trinity_cli
 

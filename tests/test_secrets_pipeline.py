@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from fake_openai_server import FakeOpenAIServer
-from trinity import stages
+from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 from trinity.config import PROJECT_ROOT, load_settings
 from trinity.coordinator.episode import OutageError
-from trinity.tracking import StageRun
+from trinity.ops.tracking import StageRun
 
 KEY_ENV = "TRINITY_TEST_PROVIDER_KEY"
 
@@ -43,10 +43,10 @@ def test_planted_key_appears_nowhere(tmp_path, monkeypatch, caplog):
         }
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
         settings = load_settings(tmp_path / "params.yaml")
-        paths = stages.Paths(tmp_path)
+        paths = stage_paths.Paths(tmp_path)
         for name in ("prepare", "encode", "evolve", "evaluate", "report"):
             with StageRun(settings, name, root=tmp_path) as run:
-                fn = getattr(stages, name)
+                fn = lambda settings, paths, tracker=None, name=name: run_stage(name, settings, paths, tracker=tracker)
                 try:
                     out = fn(settings, paths, tracker=run) if name in ("evolve", "evaluate") else fn(settings, paths)
                 except OutageError as e:  # the echoing proxy's 401s are outages: evaluate writes, then says so

@@ -375,7 +375,7 @@ def test_zz_shutdown_the_key_is_nowhere_and_the_trace_renders(setup, capsys, mon
     monkeypatch.setenv("COLUMNS", "200")
     from trinity import cli
     from trinity.store import Store
-    from trinity.traces import TraceLog
+    from trinity.evaluation.traces import TraceLog
 
     server = setup["server"]
     q = "What is 40 plus 2?"  # (answered earlier in this module, unless this test runs alone)
@@ -411,7 +411,7 @@ def test_zz_shutdown_the_key_is_nowhere_and_the_trace_renders(setup, capsys, mon
 
 def test_message_lists_map_onto_tasks():
     """(No server.) The OpenAI message list → Task mapping behind every request (conversation.task_from_messages)."""
-    from trinity.conversation import ConversationError, task_from_messages
+    from trinity.serving.conversation import ConversationError, task_from_messages
 
     t = task_from_messages([{"role": "developer", "content": "Rule A."}, {"role": "user", "content": "Hi."},
                             {"role": "user", "content": "I have 3 cats."}, {"role": "assistant", "content": "Nice."},

@@ -33,7 +33,7 @@ def test_paper_parameter_count():
 def test_svf_candidates_train_with_their_own_states(tmp_path):
     from trinity.grading import grade
     from trinity.pool.runtime import build_pool
-    from trinity.stages import make_encoder
+    from trinity.stages.common import make_encoder
 
     s = Settings.model_validate(SETTINGS)
     encoder = make_encoder(s)
@@ -73,7 +73,7 @@ def test_svf_candidates_train_with_their_own_states(tmp_path):
         np.testing.assert_array_equal(again.params, res.params)
 
         # the trained vector evaluates with its δ (argmax policy)
-        from trinity.evaluation import evaluate
+        from trinity.evaluation.run import evaluate
         out = evaluate(s, res.params, {"in_distribution": TASKS}, pool, states, grade, methods=["trinity"])
         assert [(i.method, i.task.id) for i in out.items] == [("trinity", TASKS[0].id)]
         assert encoder.encoder_id.startswith(base_id + "/svf")  # evaluation encoded with the trained δ

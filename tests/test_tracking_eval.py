@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from trinity.config import load_settings
-from trinity.tracking import StageRun, artifact_name, log_eval_results, wandb_group
+from trinity.ops.tracking import StageRun, artifact_name, log_eval_results, wandb_group
 
 KEY_ENV = "TRINITY_TRACKING_TEST_CRED"  # a name redact would not guess: only the pool registration catches it
 BENCHMARKS = ("math500", "mt_bench")
@@ -103,7 +103,7 @@ def write_plot(plots_dir: Path, stem: str) -> Path:
 
 def _records(run_dir: Path) -> list:
     """The protobuf records of an offline run's transaction log (the reader the W&B report uses)."""
-    from trinity.wandb_report import read_records
+    from trinity.ops.wandb_report import read_records
 
     return read_records(next(run_dir.glob("run-*.wandb")))
 

@@ -1,4 +1,4 @@
-"""One W&B group per pipeline run (`trinity.tracking.wandb_group`): every stage of one real `dvc repro` (separate
+"""One W&B group per pipeline run (`trinity.ops.tracking.wandb_group`): every stage of one real `dvc repro` (separate
 processes DVC starts) gets the same group, the next repro another; TRINITY_WANDB_GROUP overrides it; the stage
 flows of one Prefect pipeline flow run share the root flow run's group."""
 import os
@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from trinity.tracking import GROUP_ENV, pipeline_run_id, wandb_group
+from trinity.ops.tracking import GROUP_ENV, pipeline_run_id, wandb_group
 
 # Each stage prints the group a StageRun of its process would get, into its own DVC output.
 DVC_YAML = """stages:
   first:
-    cmd: {py} -c "from trinity.tracking import wandb_group; print(wandb_group())" > first.txt
+    cmd: {py} -c "from trinity.ops.tracking import wandb_group; print(wandb_group())" > first.txt
     outs: [first.txt]
   second:
-    cmd: {py} -c "from trinity.tracking import wandb_group; print(wandb_group())" > second.txt
+    cmd: {py} -c "from trinity.ops.tracking import wandb_group; print(wandb_group())" > second.txt
     deps: [first.txt]
     outs: [second.txt]
 """

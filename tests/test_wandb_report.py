@@ -1,4 +1,4 @@
-"""The W&B Report of one pipeline run (trinity.wandb_report, `trinity report --wandb`), built from real offline
+"""The W&B Report of one pipeline run (trinity.ops.wandb_report, `trinity report --wandb`), built from real offline
 runs that the stages' own logging code wrote (StageRun, the evolve generation logger, log_eval_results, the
 report stage's plot images), with W&B's API client stubbed at its boundary (`wandb.Api`: wandb-workspaces sends
 its GraphQL through it). Checked on the report's model — what W&B stores — not on our objects: its sections,
@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from test_tracking_eval import BENCHMARKS, _finished_records, env, make_results, write_plot  # noqa: F401
-from trinity import cli, stages
+from trinity import cli
+from trinity.stages import common as stage_common, paths as stage_paths, run_stage
+from trinity.stages.evolve import generation_logger
 from trinity.evolve.sep_cma import GenerationRecord
-from trinity.report import PLOTS
-from trinity.tracking import GROUP_ENV, StageRun, log_eval_results
-from trinity.wandb_report import FITNESS_KEYS, ReportInputError, publish, publish_if_online
+from trinity.evaluation.report import PLOTS
+from trinity.ops.tracking import GROUP_ENV, StageRun, log_eval_results
+from trinity.ops.wandb_report import FITNESS_KEYS, ReportInputError, publish, publish_if_online
 
 GROUP = "dvc-20261204T120000-4242"
 POOL = ("smol", "api")
@@ -39,7 +41,7 @@ def log_pipeline(settings, root: Path, group: str) -> None:
     os.environ[GROUP_ENV] = group
     try:
         with StageRun(settings, "evolve", root=root) as run:
-            on_generation = stages._generation_logger(run, list(POOL))
+            on_generation = generation_logger(run, list(POOL))
             for g in range(2):
                 on_generation(_generation(g))
         with StageRun(settings, "evaluate", root=root) as run:

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from trinity.conversation import ANSWER_FORMATS  # light, as trinity.stages: torch loads only when a command runs
+from trinity.serving.conversation import ANSWER_FORMATS  # light, as trinity.stages: torch loads only when a command runs
 from trinity.stages import STAGES
 
 EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE, EXIT_POOL_FAILURE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
@@ -45,7 +45,7 @@ def _fail(message: str, code: int = EXIT_USAGE):
 
 
 def _paths(root: Path, checkpoint: Path | None, store: Path | None) -> tuple[Path, Path]:
-    from trinity.stages import Paths
+    from trinity.stages.paths import Paths
 
     p = Paths(root.resolve())
     return (checkpoint or p.checkpoint.parent), (store or p.store)
@@ -59,7 +59,7 @@ def _load_coordinator(root: Path, params: Path, checkpoint: Path | None, store: 
     """Coordinator.load, with what fails while loading (params, checkpoint, a pool member's missing key, the encoder,
     a store another process writes) turned into exit code 2 and a one-line message."""
     from trinity.config import ConfigError
-    from trinity.conversation import CheckpointError, Coordinator
+    from trinity.serving.conversation import CheckpointError, Coordinator
     from trinity.pool.errors import PoolConfigError
 
     ckpt, store_path = _paths(root, checkpoint, store)
@@ -94,8 +94,8 @@ def ask(
     it (then nothing new is saved). The episode's trace is kept: `trinity trace EPISODE_ID`."""
     from rich.console import Console
 
-    from trinity.conversation import ANSWERED, NO_ANSWER, ConversationError, answer_now, task_from_messages
-    from trinity.traces import render_trace
+    from trinity.serving.conversation import ANSWERED, NO_ANSWER, ConversationError, answer_now, task_from_messages
+    from trinity.evaluation.traces import render_trace
 
     _retry(retry_failures)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
@@ -133,7 +133,7 @@ def trace(
     from rich.console import Console
 
     from trinity.store import Store
-    from trinity.traces import TraceLog, render_trace
+    from trinity.evaluation.traces import TraceLog, render_trace
 
     _, store_path = _paths(root, None, store)
     try:
@@ -179,7 +179,7 @@ def serve(
     """Serve the trained coordinator as an OpenAI-compatible endpoint: GET /v1/models, POST /v1/chat/completions
     (model "trinity" or a pool member's name; stream true for server-sent events). Set TRINITY_API_KEY to require
     'Authorization: Bearer <key>'. This process must be the store's only writer."""
-    from trinity.serve import run_server
+    from trinity.serving.server import run_server
 
     _retry(retry_failures)
 
@@ -199,7 +199,7 @@ def stage(
 ) -> None:
     """Run one pipeline stage without W&B (and without Prefect, unless evolve.task_runner is 'dask'); prints its
     summary as JSON."""
-    from trinity import stages
+    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
     from trinity.config import ConfigError, load_settings
 
     _retry(retry_failures)
@@ -207,7 +207,7 @@ def stage(
         settings = load_settings(params)
     except ConfigError as e:
         _fail(str(e))
-    out = stages.run_stage(name.value, settings, stages.Paths(root.resolve()))
+    out = run_stage(name.value, settings, stage_paths.Paths(root.resolve()))
     print(json.dumps(out, default=str))
 
 
@@ -230,8 +230,8 @@ def report(
     write its model to WANDB_DIR/reports/<group>.json either way."""
     root = root.resolve()
     if not wandb:
-        from trinity.report import write_report
-        from trinity.stages import Paths
+        from trinity.evaluation.report import write_report
+        from trinity.stages.paths import Paths
 
         p = Paths(root)
         try:
@@ -242,7 +242,7 @@ def report(
             print(f"{name}: {path}")
         return
 
-    from trinity.wandb_report import ReportInputError, outline, publish
+    from trinity.ops.wandb_report import ReportInputError, outline, publish
 
     mode = os.environ.get("WANDB_MODE")
     if not mode:

@@ -4,7 +4,7 @@ A resumed evolution run must be the run that was started: same settings, same ta
 same code for everything that turns those into numbers. Which code that is is derived, not listed: the
 result-shaping modules are every `trinity` module the stages that produce results can run — the `evolve` and
 `evaluate` stage functions of `trinity/stages.py` (ENTRY_POINTS; the flows, `trinity stage` and
-`trinity.stage_flow` all run them through `stages.run_stage`) with the helpers of stages.py they call, then
+`trinity.ops.stage_flow` all run them through `stages.run_stage`) with the helpers of stages.py they call, then
 every trinity module those import, transitively. Imports are read statically from the syntax tree: `import
 trinity.x`, `from trinity.x import y`, relative imports, imports inside functions, and the `__init__.py` of
 every package on the way (it runs on import). A module a stage starts to import is hashed from then on,
@@ -37,7 +37,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 
-ENTRY_POINTS: tuple[str, ...] = ("stages:evolve", "stages:evaluate")
+ENTRY_POINTS: tuple[str, ...] = ("stages.evolve:run", "stages.evaluate:run")
 """Where results are made, as "module:function" relative to the package (a bare "module" means all of it):
 the stage functions that train the coordinator and score it. Everything they can import is result-shaping."""
 
@@ -47,8 +47,7 @@ RUNTIME_ONLY: dict[str, str] = {
                        "version a declaration names",
     "evolve/engine.py": "where never-seen nodes are expanded (threads or Dask workers): the same requests, the "
                         "same replies (tests/test_dask_cluster.py compares the two)",
-    "tracking.py": "W&B logging: writes no file a result is read from",
-    "tracking_redact.py": "removes secrets from error texts and logs; never touches a request, a reply or a score",
+    "redact.py": "removes secrets from error texts and logs; never touches a request, a reply or a score",
 }
 """Modules a stage imports that are shown not to shape results: {file relative to the package: why}. Keep it
 short; every other module a stage can import is hashed."""
@@ -197,6 +196,12 @@ def resolve_compatible(version: str, declared: dict[str, str] | None = None) -> 
             raise ValueError(f"COMPATIBLE_REFACTORS has a cycle: {' -> '.join(seen + [version])}")
         seen.append(version)
     return version
+
+
+def run_id(settings, stage: str) -> str:
+    """A run's id in the store's episodes table and in W&B: the stage, the settings and the code version, so runs
+    of different code never share an id."""
+    return f"{stage}-{settings.params_hash()[:12]}-{code_version()[:8]}"
 
 
 @functools.lru_cache(maxsize=None)

@@ -43,7 +43,7 @@ from trinity.store import Store, text_key
 class OutageError(RuntimeError):
     """A stage left work unscored because pool calls failed transiently (an outage: 429, 5xx, timeout...).
     Nothing computed is lost: every reply is in the store, and outages never are, so a rerun asks only the failed
-    calls again. A RuntimeError, not bad input: the LLM-bound stage tasks retry it (`trinity.stage_flow`)."""
+    calls again. A RuntimeError, not bad input: the LLM-bound stage tasks retry it (`trinity.ops.stage_flow`)."""
 
 
 def is_outage(turn: Turn) -> bool:

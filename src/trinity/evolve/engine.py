@@ -74,7 +74,7 @@ SCHEDULER_TIMEOUT_S = 10.0
 
 class DaskClusterError(ValueError):
     """evolve.dask_address names no usable cluster: bad input, not an outage to retry (a ValueError, as
-    trinity.stage_flow's BAD_INPUT)."""
+    trinity.ops.stage_flow's BAD_INPUT)."""
 
 
 async def _scheduler_identity(address: str, timeout: float) -> dict:

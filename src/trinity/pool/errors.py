@@ -83,9 +83,9 @@ def member_problems(member: "PoolMember") -> list[str]:
 def check_pool_config(pool: "PoolSettings") -> None:
     """Fail before any work if the pool cannot be built; one message listing every problem.
 
-    Also registers every member's api_key_env with `trinity.tracking_redact`, so later `redact()` calls
+    Also registers every member's api_key_env with `trinity.redact`, so later `redact()` calls
     (W&B, reports, store rows) scrub those keys."""
-    from trinity.tracking_redact import register_pool
+    from trinity.redact import register_pool
 
     register_pool(pool)
     problems = [p for m in pool.members for p in member_problems(m)]

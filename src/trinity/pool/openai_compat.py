@@ -32,7 +32,7 @@ Per call:
 
 Secrets: the API key is read from os.environ[member.api_key_env] once, at construction. It lives only
 in the SDK client and in a holder whose repr is masked (used to scrub error texts); it is in no repr,
-and every error text that leaves this module goes through `trinity.tracking_redact` with the key as an
+and every error text that leaves this module goes through `trinity.redact` with the key as an
 explicit secret (a proxy that echoes the Authorization header in an error body is scrubbed too).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ import openai
 from trinity.config import PoolMember
 from trinity.pool.errors import PoolConfigError, api_key_from_env
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
-from trinity.tracking_redact import redact_text, register_secret_env_names
+from trinity.redact import redact_text, register_secret_env_names
 
 log = logging.getLogger(__name__)
 

@@ -244,7 +244,7 @@ def _parameter_problems(root: Path, where: str, flow, parameters: dict) -> list[
         except GitError as e:
             problems.append(f"{where}.parameters.git_remote: {e}")
     if "drop_threshold" in args:
-        from trinity.nightly import check_threshold
+        from trinity.ops.nightly import check_threshold
 
         try:
             check_threshold(args["drop_threshold"])

@@ -56,9 +56,10 @@ and a W&B run does not pickle."""
 
 def run_stage_task(name: str, settings, tracker_id: str) -> dict:
     """The stage task's body: trinity.stages.run_stage, logging to the W&B run registered under tracker_id."""
-    from trinity import stages
+    from trinity.stages import run_stage
+    from trinity.stages.paths import Paths
 
-    return stages.run_stage(name, settings, stages.Paths(ROOT), tracker=_TRACKERS[tracker_id])
+    return run_stage(name, settings, Paths(ROOT), tracker=_TRACKERS[tracker_id])
 
 
 def _markdown(stage: str, summary: dict) -> str:
@@ -90,7 +91,7 @@ def publish_artifacts(stage: str, summary: dict) -> list[str]:
     import json
 
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
-    from trinity.stages import Paths
+    from trinity.stages.paths import Paths
 
     keys = [summary_artifact_key(stage)]
     create_markdown_artifact(_markdown(stage, summary), key=keys[0], description=f"trinity {stage} stage summary")
@@ -111,7 +112,7 @@ def run_stage(name: str, params: str = "params.yaml", timeout_minutes: float | N
     for files it does not rebuild."""
     import uuid
 
-    from trinity.tracking import StageRun
+    from trinity.ops.tracking import StageRun
 
     settings = load_params(params)
     options = dict(LLM_BOUND_RETRIES) if name in LLM_BOUND_STAGES else {}

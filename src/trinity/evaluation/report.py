@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from trinity.coordinator.roles import ROLES
-from trinity.stats import MIN_ITEMS_FOR_OUTCOME
+from trinity.evaluation.stats import MIN_ITEMS_FOR_OUTCOME
 
 ROLE_NAMES = tuple(role.value for role in ROLES)
 """Columns of the usage heatmap, in the order of the head's role logits."""

@@ -4,9 +4,9 @@ The report (`build_report`) has four sections, each a panel grid whose run set i
 (`Group = <group> and JobType = <stage>`):
 
 * scores per benchmark — the evaluate run's tables (`eval/summary`, one `eval/<benchmark>` per benchmark,
-  `eval/paired`: `trinity.tracking.log_eval_results`) and the report stage's `plots/scores`;
+  `eval/paired`: `trinity.ops.tracking.log_eval_results`) and the report stage's `plots/scores`;
 * fitness per generation — the evolve run's history (`saved_fitness`, `mean_fitness`, `best_candidate_fitness`,
-  accuracies: `trinity.stages._generation_logger`) and `plots/fitness`;
+  accuracies: `trinity.stages.evolve.generation_logger`) and `plots/fitness`;
 * usage by model and role — evolve's `model_usage/<member>` and `role_usage/<role>` per generation and
   `plots/usage` (the coordinator's turns at evaluation, model x role);
 * score vs compute — `plots/score_vs_compute` (average score against tokens per task, per method) and
@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from trinity.tracking import EVAL_PAIRED_TABLE, EVAL_SUMMARY_TABLE, EVAL_TABLE_PREFIX, PLOTS_PREFIX, group_name
+from trinity.ops.tracking import EVAL_PAIRED_TABLE, EVAL_SUMMARY_TABLE, EVAL_TABLE_PREFIX, PLOTS_PREFIX, group_name
 
-# What the stages log (trinity.stages._generation_logger, .report); panels use those of them a run holds.
+# What the stages log (trinity.stages.evolve.generation_logger, .report); panels use those of them a run holds.
 FITNESS_KEYS = ("saved_fitness", "mean_fitness", "best_candidate_fitness")
 ACCURACY_KEYS = ("saved_accuracy", "mean_accuracy")
 MODEL_USAGE_PREFIX = "model_usage/"
@@ -163,7 +163,7 @@ def select_group(runs: list[LoggedRun], group: str | None, where: Path) -> tuple
         group = runs[-1].group
     if group != group_name(group):  # a run-set filter cannot hold it (e.g. " = " is rewritten as " == ")
         raise ReportInputError(f"W&B group {group!r}: a report can only filter on names of letters, digits and "
-                               f"._:+@- (trinity.tracking.group_name); this one has other characters")
+                               f"._:+@- (trinity.ops.tracking.group_name); this one has other characters")
     chosen = [r for r in runs if r.group == group]
     if not chosen:
         groups = sorted({r.group for r in runs}, key=lambda g: max(r.started for r in runs if r.group == g))

@@ -33,11 +33,11 @@ from typing import Any
 
 from trinity.code_version import code_version
 from trinity.config import PROJECT_ROOT, Settings
-from trinity.tracking_redact import redact, redact_text, register_pool
+from trinity.redact import redact, redact_text, register_pool
 
 GROUP_ENV = "TRINITY_WANDB_GROUP"
 
-# Keys the runs log (log_eval_results; trinity.wandb_report builds its panels from the keys the runs hold).
+# Keys the runs log (log_eval_results; trinity.ops.wandb_report builds its panels from the keys the runs hold).
 EVAL_TABLE_PREFIX = "eval/"
 EVAL_SUMMARY_TABLE = "eval/summary"
 EVAL_PAIRED_TABLE = "eval/paired"
@@ -77,7 +77,7 @@ def wandb_group() -> str:
 
 
 def group_name(name: str) -> str:
-    """`name` as a group name a W&B Report's run-set filter can hold (trinity.wandb_report): letters, digits
+    """`name` as a group name a W&B Report's run-set filter can hold (trinity.ops.wandb_report): letters, digits
     and `._:+@-`, at most 128 characters; other runs of characters become one '-'."""
     clean = re.sub(r"[^A-Za-z0-9._:+@-]+", "-", redact_text(name.strip())).strip("-")
     return clean[:_NAME_MAXLEN]
@@ -203,7 +203,7 @@ class StageRun:
                  root: Path = PROJECT_ROOT):
         import wandb
 
-        from trinity.stages import run_id
+        from trinity.code_version import run_id
 
         register_pool(settings.pool)
         mode = os.environ.get("WANDB_MODE") or settings.tracking.wandb_mode
@@ -320,6 +320,10 @@ class StageRun:
             warnings.warn(f"W&B could not resolve input artifact {entry['name']}:latest "
                           f"({redact_text(str(e))})", stacklevel=2)
             return None
+
+    def log_eval_results(self, results: dict, plots_dir: Path | None = None) -> None:
+        """The evaluate stage's results in this run (`log_eval_results`)."""
+        log_eval_results(self, results, plots_dir)
 
     def finish(self) -> None:
         self.run.finish()

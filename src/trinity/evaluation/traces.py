@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trinity.tracking_redact import redact
+from trinity.redact import redact
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS traces (

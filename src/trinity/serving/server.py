@@ -48,11 +48,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trinity.conversation import (ANSWER_FORMATS, ANSWERED, NO_ANSWER, ConversationError, Coordinator, EpisodeResult,
+from trinity.serving.conversation import (ANSWER_FORMATS, ANSWERED, NO_ANSWER, ConversationError, Coordinator, EpisodeResult,
                                   chat_messages, task_from_messages)
-from trinity.tracking_redact import RedactingFilter, redact_text, register_secret_env_names
+from trinity.redact import RedactingFilter, redact_text, register_secret_env_names
 
-log = logging.getLogger("trinity.serve")
+log = logging.getLogger("trinity.serving.server")
 
 COORDINATOR_MODEL = "trinity"
 API_KEY_ENV = "TRINITY_API_KEY"

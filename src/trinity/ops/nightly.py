@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from trinity.stages import Paths
+from trinity.stages.paths import Paths
 
 SUMMARY_ARTIFACT_KEY = "nightly-eval-summary"
 SCORES_ARTIFACT_KEY = "nightly-eval-scores"

@@ -15,7 +15,7 @@ bench/serve_load.py all take.
 - `Coordinator`: a checkpoint + params loaded once (pool, encoder, response store, head). `answer(task)` plays one
   argmax episode (the training loop, `play_episodes`); concurrent calls share the pool (stored or in-flight
   requests cost no call), the encoder and the store. A repeated conversation replays stored responses and states:
-  no pool call, no encoding. Every episode's trace is kept in the store (`trinity.traces`).
+  no pool call, no encoding. Every episode's trace is kept in the store (`trinity.evaluation.traces`).
   Threads: an episode's loop runs on a thread of its own (the encoder's forward passes would otherwise hold the
   caller's event loop, e.g. every other request of the server); its pool requests go back to the caller's loop,
   which alone owns the pool (HTTP clients, in-flight calls, store writes), and encodes take turns on one lock.
@@ -335,22 +335,22 @@ class Coordinator:
 
     def __init__(self, settings, params: np.ndarray, meta: dict, store, *, encoder=None, pool=None,
                  checkpoint_path: str = ""):
-        from trinity import stages
+        from trinity.stages import common as stage_common, paths as stage_paths, run_stage
         from trinity.coordinator.episode import StateCache
         from trinity.coordinator.features import checkpoint_features
-        from trinity.evaluation import policy_from_params
+        from trinity.evaluation.run import policy_from_params
         from trinity.pool.runtime import build_pool
-        from trinity.traces import TraceLog
+        from trinity.evaluation.traces import TraceLog
 
         self.settings = settings
         self.store = store
-        self.pool = pool if pool is not None else build_pool(settings.pool, store, stages._role_caps(settings))
+        self.pool = pool if pool is not None else build_pool(settings.pool, store, stage_common.role_caps(settings))
         trained = [p["name"] for p in meta.get("pool", [])]
         if trained != self.pool.names:
             raise CheckpointError(f"checkpoint {checkpoint_path or '?'} was trained on pool {trained}, but "
                                   f"{settings.source_path or 'the params'} configures {self.pool.names}: use the "
                                   "params the checkpoint was trained with")
-        self.encoder = encoder if encoder is not None else stages.make_encoder(settings)
+        self.encoder = encoder if encoder is not None else stage_common.make_encoder(settings)
         self.states = StateCache(self.encoder, store, features=checkpoint_features(meta))
         try:
             delta, self.head = policy_from_params(settings, params, len(self.pool), self.states)
@@ -379,7 +379,7 @@ class Coordinator:
         from trinity.config import load_settings
         from trinity.evolve.sep_cma import load_checkpoint
         from trinity.store import Store
-        from trinity.tracking_redact import register_pool
+        from trinity.redact import register_pool
 
         settings = load_settings(params)
         register_pool(settings.pool)

@@ -32,7 +32,7 @@ from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episo
 from trinity.coordinator.head import HeadShape, ParamLayout
 from trinity.coordinator.roles import Role, Turn, latest_answer, role_messages, turn_of
 from trinity.records import Task
-from trinity.stats import bootstrap_mean, compare, paired_bootstrap
+from trinity.evaluation.stats import bootstrap_mean, compare, paired_bootstrap
 
 COORDINATOR = "trinity"
 RANDOM_ROUTING = "random-routing"
