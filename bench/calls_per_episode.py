@@ -44,7 +44,7 @@ def main() -> None:
                     help="all: the four bundled models (the default pool); pair: SmolLM2-135M + Qwen2.5-Coder-0.5B")
     args = ap.parse_args()
 
-    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
+    from trinity.coordinator.policy import make_encoder
     from trinity.coordinator.episode import RolloutTrees, StateCache
     from trinity.data.splits import build_splits
     from trinity.evolve.sep_cma import evolve
@@ -65,7 +65,7 @@ def main() -> None:
     d = settings.data
     train, _ = build_splits(d.resolved_root(), train=d.train, heldout=d.heldout, seed=d.seed,
                             math500_max_level=d.math500_max_level)
-    encoder = stage_common.make_encoder(settings)
+    encoder = make_encoder(settings)
     curve = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trinity-bench-calls-") as tmp, Store(Path(tmp) / "s.duckdb") as store:

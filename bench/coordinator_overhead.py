@@ -16,11 +16,11 @@ import time
 
 import numpy as np
 
-from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 from trinity.config import load_settings
 from trinity.coordinator.encoder import TranscriptEncoder
 from trinity.coordinator.episode import StateCache
 from trinity.coordinator.head import HeadShape, route_probs
+from trinity.coordinator.policy import make_encoder, role_caps
 from trinity.coordinator.roles import ROLES, Role, coordinator_text, latest_answer, make_turn, role_messages
 from trinity.data.loaders import load_gsm8k
 from trinity.pool.runtime import build_pool
@@ -36,8 +36,8 @@ def main():
     if args.chunk_tokens is not None:
         c = settings.coordinator.model_copy(update={"encode_chunk_tokens": args.chunk_tokens})
         settings = settings.model_copy(update={"coordinator": c})
-    pool = build_pool(settings.pool, store=None, role_max_tokens=stage_common.role_caps(settings))
-    encoder = stage_common.make_encoder(settings)
+    pool = build_pool(settings.pool, store=None, role_max_tokens=role_caps(settings))
+    encoder = make_encoder(settings)
     states = StateCache(encoder, store=None)
     rng = np.random.default_rng(0)
     W = HeadShape(len(pool), encoder.dim).unflatten(rng.standard_normal((len(pool) + 3) * encoder.dim) * 0.5)

@@ -199,11 +199,11 @@ def score_policy(W: np.ndarray, tasks: Sequence[Task], pool, states, settings, g
     averaged over `samples` seeded episodes per task."""
     import asyncio
 
-    from trinity.coordinator.episode import ROLE_VALUE, Episode, episode_rngs, play_episodes
+    from trinity.coordinator.episode import Episode, episode_rng, play_episodes
 
     if samples:
-        rngs = episode_rngs([(seed, "known-answer-eval", k, t.id) for t in tasks for k in range(samples)])
-        eps = [Episode(task=t, candidate=0, rng=r) for t, r in zip([t for t in tasks for _ in range(samples)], rngs)]
+        eps = [Episode(task=t, candidate=0, rng=episode_rng(seed, "known-answer-eval", k, t.id))
+               for t in tasks for k in range(samples)]
     else:
         eps = [Episode(task=t, candidate=0, rng=None) for t in tasks]
     asyncio.run(play_episodes(eps, [W], pool, states, settings.coordinator.max_turns, settings.reward, grade,
@@ -213,7 +213,7 @@ def score_policy(W: np.ndarray, tasks: Sequence[Task], pool, states, settings, g
     for e in eps:
         for m, r in e.picks:
             models[pool.names[m]] += 1
-            roles[ROLE_VALUE[r]] = roles.get(ROLE_VALUE[r], 0) + 1
+            roles[r.value] = roles.get(r.value, 0) + 1
     return PolicyScore(float(np.mean([e.correct for e in eps])), float(np.mean([len(e.turns) for e in eps])),
                        models, roles)
 

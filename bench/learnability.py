@@ -70,7 +70,7 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
     import known_answer as ka
     from trinity.evolve.sep_cma import default_popsize, param_layout
     from trinity.grading import grade
-    from trinity.stages.common import make_encoder
+    from trinity.coordinator.policy import make_encoder
 
     t_start = time.perf_counter()
     project = load_settings(params)

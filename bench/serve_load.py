@@ -92,7 +92,7 @@ class Child:
 
 def fake_pool(tmp: Path, latency_s: float, encoder_dim: int) -> tuple[Child, Path, Path]:
     """tests/fake_openai_server.py as two pool members, their params file and a zero-head checkpoint."""
-    from trinity.evolve.sep_cma import save_checkpoint
+    from trinity.coordinator.policy import save_checkpoint
 
     fake = Child([sys.executable, str(ROOT / "tests" / "fake_openai_server.py"), "--latency", str(latency_s)],
                  r"PORT (\d+)", 30, stdin=True)
@@ -193,7 +193,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
+    from trinity.coordinator.policy import make_encoder
     from trinity.config import load_settings
     from trinity.serving.conversation import Coordinator
 
@@ -204,10 +204,10 @@ def main() -> None:
     fake = None
     params, checkpoint = args.params, args.checkpoint
     if args.fake_latency is not None:
-        encoder = stage_common.make_encoder(load_settings(args.params))  # (the default coordinator LM)
+        encoder = make_encoder(load_settings(args.params))  # (the default coordinator LM)
         fake, params, checkpoint = fake_pool(tmp, args.fake_latency, encoder.dim)
     else:
-        encoder = stage_common.make_encoder(load_settings(params))
+        encoder = make_encoder(load_settings(params))
     qs = questions(args.requests, args.seed)
     server = Child([sys.executable, "-m", "trinity.cli", "serve", "--port", "0", "--params", str(params),
                     "--checkpoint", str(checkpoint), "--store", str(store), "--log-level", "warning"],

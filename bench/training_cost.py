@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     from trinity.evolve.sep_cma import evolve, saved_fitness_episodes
     from trinity.grading import grade, preflight
     from trinity.pool.runtime import build_pool
-    from trinity.stages.common import make_encoder, role_caps as _role_caps
+    from trinity.coordinator.policy import make_encoder, role_caps
     from trinity.store import Store
 
     base = load_settings(a.params)
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         store_path = a.store or Path(tmp) / "store.duckdb"
         fresh = not store_path.exists()
         with Store(store_path) as store:
-            pool = build_pool(settings.pool, store, _role_caps(settings))
+            pool = build_pool(settings.pool, store, role_caps(settings))
             pool.complete_many = pool_s.wrap(pool.complete_many)
             states = StateCache(encoder, store)
             marks = {"pool": 0.0, "encode": 0.0, "grade": 0.0}

@@ -6,7 +6,6 @@ the run Failed when a score dropped beyond `drop_threshold` (trinity.ops.nightly
 """
 from _bootstrap import ROOT, main  # hermetic defaults and this checkout's src/ first, before prefect is imported
 
-import json
 from pathlib import Path
 
 from prefect import flow, task
@@ -46,19 +45,20 @@ def check_inputs(params: str, drop_threshold: float) -> dict:
 
 
 @task(name="evaluate-checkpoint", cache_policy=NO_CACHE, **LLM_BOUND_RETRIES)
-def evaluate_checkpoint(params: str, run_dir: str) -> dict:
+def evaluate_checkpoint(params: str, run_dir: str):
     """The evaluate stage's code on a fresh store in `run_dir` (every call made again: no stored reply hides a
     changed model). A retry resumes from the calls the failed attempt stored in the same directory."""
     from trinity.config import load_settings
+    from trinity.evaluation.results import EvalResults
     from trinity.ops.nightly import NightlyPaths
     from trinity.stages import run_stage
 
     run_stage("evaluate", load_settings(_params_path(params)), NightlyPaths(ROOT, run_dir=Path(run_dir)))
-    return json.loads((Path(run_dir) / "results.json").read_text())
+    return EvalResults.read(Path(run_dir) / "results.json")
 
 
 @task(name="compare-with-previous", cache_policy=NO_CACHE)
-def compare_with_previous(results: dict, run: str, run_dir: str, drop_threshold: float):
+def compare_with_previous(results, run: str, run_dir: str, drop_threshold: float):
     from trinity.ops import nightly
 
     current = nightly.NightlyRecord.from_results(results, run=run,

@@ -74,10 +74,11 @@ def _num(v) -> str:
 
 
 def render(rows: list[dict]) -> str:
-    from trinity.evaluation.report import OPTIMISER_NAMES
+    from trinity.evaluation.report.tables import OPTIMISER_NAMES
+    from trinity.evaluation.results import HELDOUT, IN_DISTRIBUTION, metrics_average, metrics_benchmarks
 
     b = rows[0]["budget"]
-    benches = sorted({k for r in rows for k in r["trinity"] if not k.startswith("avg_")})
+    benches = sorted({k for r in rows for k in metrics_benchmarks(r["trinity"])})
     lines = [
         "# Trinity — optimiser ablation", "",
         "One DVC experiment per optimiser (`make ablation`: `dvc exp run --temp -S evolve.method=...`), the same "
@@ -92,8 +93,8 @@ def render(rows: list[dict]) -> str:
     for r in rows:
         t, ev = r["trinity"], r["evolve"]
         lines.append(f"| {r['name']} | {OPTIMISER_NAMES.get(r['method'], r['method'])} | {_num(ev.get('saved_fitness'))} "
-                     f"| {_num(ev.get('best_candidate_fitness'))} | {_num(t.get('avg_in_distribution'))} | "
-                     f"{_num(t.get('avg_heldout'))} | " + " | ".join(_num(t.get(k)) for k in benches)
+                     f"| {_num(ev.get('best_candidate_fitness'))} | {_num(metrics_average(t, IN_DISTRIBUTION))} | "
+                     f"{_num(metrics_average(t, HELDOUT))} | " + " | ".join(_num(t.get(k)) for k in benches)
                      + f" | {ev.get('calls_made', '—')} |")
     bases = sorted({str(r["baseline"])[:7] for r in rows if r.get("baseline")})
     items = rows[0]["items"]

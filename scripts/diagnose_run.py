@@ -3,8 +3,8 @@
     PYTHONPATH=src .venv/bin/python scripts/diagnose_run.py [--root .] [--heads 200]
 
 Opens the checkpoint, the store (read-only), the root states, the eval episodes, the evolve history and the
-pickled optimiser state, rebuilds every task's rollout tree from the stored responses (matched by the exact
-role prompts the episode loop sends), and prints:
+pickled optimiser state, rebuilds every task's rollout tree from the stored responses (each edge is the request
+the episode loop sends, looked up in the store under the pool's own key: `RolloutTrees.request`), and prints:
 
   Q1  per eval transcript state: model/role probabilities, argmax, margin; how often the role argmax is the
       Verifier once an answer exists; Verifier ACCEPT rates per pool member; Thinker suggested_role overrides.
@@ -17,17 +17,19 @@ role prompts the episode loop sends), and prints:
       of candidates drawn around the CMA mean: signal vs noise; tasks per generation needed.
   Q5  other checks (reward-reconstruction, truncated answers, judge/verifier-first handling, duplicate runs).
 
-Nothing is written anywhere. States missing from the store are counted and skipped. The trees are rebuilt with
-*this checkout's* role prompts: run it at the commit that produced the run (its code version is in
-data/checkpoints/coordinator.json); after a prompt change, stored replies no longer match and are reported as
-unmapped.
+Nothing is written anywhere. States missing from the store are counted and skipped. Single episodes (the eval
+paths, the saved-fitness episodes) are replayed by trinity's own loop (`play_episodes`) on a pool that answers
+from the store only and an encoder that only reads stored states; rewards are `shaped_reward`'s. The trees are
+rebuilt with *this checkout's* role prompts and pool keys: run it at the commit that produced the run (its code
+version is in data/checkpoints/coordinator.json); after a prompt change, stored replies no longer match and are
+reported as unmapped.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
-import pickle
 import sys
 import time
 from collections import Counter, defaultdict
@@ -59,14 +61,52 @@ def _fmt(v, nd=3):
     return "[" + ", ".join(f"{x:.{nd}f}" for x in v) + "]"
 
 
-def _entropy(models) -> float:
-    c = Counter(models)
-    n = sum(c.values())
-    return max(0.0, -sum(k / n * math.log(k / n) for k in c.values())) if n else 0.0
+class Unexplored(Exception):
+    """A replayed episode asked a request the store has no reply to (the run never asked it)."""
+
+
+class MissingState(Exception):
+    """A replayed episode reached a transcript whose hidden state is not in the store."""
+
+
+class StoredPool:
+    """The run's pool as the diagnosis plays it: the same request keys (`Pool.key`), every reply from the store;
+    a request never asked raises Unexplored (nothing is called)."""
+
+    def __init__(self, pool):
+        self.pool, self.store, self.names = pool, pool.store, pool.names
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def signature(self):
+        return self.pool.signature()
+
+    def key(self, idx, messages, role=None) -> str:
+        return self.pool.key(idx, messages, role)
+
+    async def complete_many(self, requests):
+        replies = [self.store.get_response(r[2]) for r in requests]
+        if any(r is None for r in replies):
+            raise Unexplored
+        return replies
+
+
+class StoredStatesOnly:
+    """An encoder that encodes nothing: `StateCache` finds every state in the store, or MissingState."""
+
+    def __init__(self, encoder_id: str, dim: int):
+        self.encoder_id, self.dim = encoder_id, dim
+
+    def encode(self, texts):
+        raise MissingState
 
 
 class Node:
-    __slots__ = ("task", "turns", "key", "answer", "state", "children", "forced", "terminal")
+    """A transcript of a task's rollout tree, as rebuilt from the store: its turns, the key and (mapped) state
+    the head reads, the cost of its calls, and the role a Thinker's last turn forces (`roles.forced_role`)."""
+
+    __slots__ = ("task", "turns", "key", "answer", "state", "children", "forced", "terminal", "cost_usd")
 
     def __init__(self, task, turns, key, answer):
         self.task, self.turns, self.key, self.answer = task, turns, key, answer
@@ -74,12 +114,15 @@ class Node:
         self.children = {}  # (model index, Role) -> child Node, or None when no stored reply
         self.forced = None
         self.terminal = False
+        self.cost_usd = 0.0
 
 
 class Diagnosis:
     def __init__(self, root: Path, grade_unlabelled: bool = True):
         from trinity.config import load_settings
-        from trinity.evolve.sep_cma import load_checkpoint
+        from trinity.coordinator.episode import RolloutTrees
+        from trinity.coordinator.policy import Policy, role_caps
+        from trinity.pool.runtime import build_pool
         from trinity.records import Task
         from trinity.store import Store
 
@@ -87,7 +130,9 @@ class Diagnosis:
         self.settings = load_settings(root / "params.yaml")
         self.max_turns = self.settings.coordinator.max_turns
         self.rw = self.settings.reward
-        self.params, self.meta = load_checkpoint(root / "data/checkpoints/coordinator")
+        policy = Policy.load(root / "data/checkpoints/coordinator")
+        policy.check(self.settings)
+        self.params, self.meta, self.features = policy.params, policy.meta, policy.features
         self.enc_id = self.meta["encoder"]
         self.names = [p["name"] for p in self.meta["pool"]]
         self.model_index = {p["model_id"]: i for i, p in enumerate(self.meta["pool"])}
@@ -108,16 +153,12 @@ class Diagnosis:
         self.train = [self.tasks[i] for i in self.meta["train_tasks"]]
 
         self.store = Store(root / "data/store/trinity.duckdb", read_only=True)
-        con = self.store.con
+        self.pool = StoredPool(build_pool(self.settings.pool, self.store, role_caps(self.settings)))
+        self.memo = RolloutTrees()  # the loop's own request memo: role messages and store keys
+        self.states = policy.states(StoredStatesOnly(self.enc_id, self.d), self.store)
+        con = self.store.con  # listings the Store API has no call for: every response, state key and episode row
         self.responses = con.execute(
             "SELECT model_id, role, messages, text, ok, completion_tokens, failure, sampling FROM responses").fetchall()
-        self.resp_index = {}
-        dup = 0
-        for mid, role, msgs, text, ok, ct, failure, sampling in self.responses:
-            k = (msgs, mid, role)
-            dup += k in self.resp_index
-            self.resp_index[k] = (text, ok, failure)
-        self.resp_dups = dup
         rows = con.execute("SELECT key FROM states WHERE encoder_id = ?", [self.enc_id]).fetchall()
         self.all_state_keys = [r[0] for r in rows]
         self.all_states = self.store.get_states(self.enc_id, self.all_state_keys)
@@ -145,11 +186,20 @@ class Diagnosis:
         self._label_from_runs()
 
     # ------------------------------------------------------------------ trees
+    def feat(self, H):
+        """What the head reads from raw hidden states H (d,) or (n, d): the checkpoint's feature map, if any."""
+        H = np.asarray(H, dtype=np.float64)
+        if self.features is None:
+            return H
+        return np.asarray(self.features(np.atleast_2d(H).astype(np.float32)), dtype=np.float64).reshape(H.shape[:-1] + (-1,))
+
     def node(self, task, turns=()) -> Node:
-        from trinity.coordinator.roles import Role, coordinator_text, latest_answer
+        """The node of a transcript (one per task and turns: a Turn's identity includes its model)."""
+        from trinity.coordinator.episode import is_outage
+        from trinity.coordinator.roles import Role, coordinator_text, forced_role, latest_answer
         from trinity.store import text_key
 
-        k = (task, tuple((t.role, t.text, t.ok) for t in turns))
+        k = (task, turns)
         n = self._nodes.get(k)
         if n is not None:
             return n
@@ -157,31 +207,28 @@ class Diagnosis:
         n = Node(task, turns, key, latest_answer(turns))
         v = self.all_states.get(key)
         if v is not None:
-            n.state = np.asarray(v, dtype=np.float64)
-        if turns and turns[-1].role is Role.THINKER and turns[-1].ok and turns[-1].suggested_role is not None:
-            n.forced = turns[-1].suggested_role
+            n.state = self.feat(v)
         last = turns[-1] if turns else None
-        n.terminal = bool(turns) and (len(turns) >= self.max_turns or
-                                      (last.role is Role.VERIFIER and last.verdict == "ACCEPT"))
+        if last is not None:
+            n.forced = forced_role(last, n.answer)
+        n.terminal = last is not None and (len(turns) >= self.max_turns or is_outage(last) or
+                                           (last.role is Role.VERIFIER and last.verdict == "ACCEPT"))
         self._nodes[k] = n
         return n
 
     def child(self, n: Node, m: int, role):
-        """The child reached by (model m, role) from n, built from the stored reply (None: never asked)."""
-        from trinity.coordinator.roles import make_turn, role_messages
+        """The child reached by (model m, role) from n: the loop's request, answered by the store (None: never
+        asked)."""
+        from trinity.coordinator.roles import turn_of
 
         ck = (m, role)
         if ck in n.children:
             return n.children[ck]
-        msgs = role_messages(role, n.task, n.turns)
-        mj = json.dumps([[x.role, x.content] for x in msgs])
-        mid = self.meta["pool"][m]["model_id"]
-        r = self.resp_index.get((mj, mid, role.value))
+        resp = self.store.get_response(self.memo.request(self.pool, n.task, n.turns, m, role).key)
         c = None
-        if r is not None:
-            text, ok, failure = r
-            turn = make_turn(self.names[m], role, text, ok, failure=failure if not ok else None)
-            c = self.node(n.task, n.turns + (turn,))
+        if resp is not None:
+            c = self.node(n.task, n.turns + (turn_of(self.names[m], role, resp),))
+            c.cost_usd = n.cost_usd + resp.cost_usd
         n.children[ck] = c
         return c
 
@@ -230,10 +277,13 @@ class Diagnosis:
             return self._labels[k]
         return None
 
-    def leaf_reward(self, correct, models, n_turns):
-        rw = self.rw
-        return (correct + rw.diversity_weight * _entropy(models)
-                - rw.turn_penalty_weight * ((max(n_turns, 1) - 1) / self.max_turns) / 4)
+    def reward(self, n: Node, picks, correct: float) -> float:
+        """trinity's shaped reward of an episode that ended at node n after `picks` [(model, Role)...]."""
+        from trinity.coordinator.episode import Episode, shaped_reward
+
+        ep = Episode(task=n.task, candidate=0, rng=None, turns=n.turns, picks=list(picks), cost_usd=n.cost_usd,
+                     correct=correct)
+        return shaped_reward(ep, self.max_turns, self.rw)
 
     # ------------------------------------------------------------------ policy enumeration
     def expect(self, task, Ws: np.ndarray, deterministic: bool = False):
@@ -250,11 +300,11 @@ class Diagnosis:
         lo_r = -self.rw.turn_penalty_weight * ((self.max_turns - 1) / self.max_turns) / 4
         hi_r = 1 + self.rw.diversity_weight * math.log(min(self.L, self.max_turns))
 
-        def leaf(n, p, models, how):
+        def leaf(n, p, picks, how):
             out[how] += p
             out["turns"] += p * len(n.turns)
             c = self.label(n.task, n.answer)
-            b = self.leaf_reward(0.0, models, len(n.turns))
+            b = self.reward(n, picks, 0.0)
             out["bonus"] += p * b
             if c is None:
                 out["unknown_grade"] += p
@@ -262,7 +312,7 @@ class Diagnosis:
             out["acc"] += p * c
             out["reward"] += p * (c + b)
 
-        def rec(n, p, models):
+        def rec(n, p, picks):
             if n.state is None:
                 self.missing_states.add(n.key)
                 out["unknown"] += p
@@ -283,7 +333,7 @@ class Diagnosis:
                     q = p * pm[:, m] * prr
                     if not q.any():
                         continue
-                    ms = models + (m,)
+                    ms = picks + ((m, role),)
                     if role is Role.VERIFIER and n.answer is None:
                         out["vfirst"] += q
                         out["turns"] += q * len(n.turns)
@@ -302,55 +352,34 @@ class Diagnosis:
         out["reward_hi"] = out["reward"] + (out["unknown"] + out["unknown_grade"]) * hi_r
         return out
 
-    def argmax_path(self, task, W):
-        from trinity.coordinator.head import softmax
-        from trinity.coordinator.roles import ROLES, Role
+    def play(self, task, W, rng):
+        """One episode of head W played by trinity's loop on the stored tree, sampled with `rng` (None: argmax),
+        ended at an outage as in training and evaluation. Returns (outcome, correct, reward, path, episode):
+        outcome "accept" / "max_turns" / "verifier_first" / "unexplored" (a request the store has no reply to) /
+        "missing-state"; correct and reward are None when unknown (an ungradeable answer, or the episode left the
+        stored tree); path = [(member name, role)...] of the picks made."""
+        from trinity.coordinator.episode import Episode, play_episodes
 
-        n, path = self.node(task), []
-        while True:
-            if n.state is None:
-                return path, "missing-state", n
-            zz = W @ n.state
-            m = int(np.argmax(zz[:self.L]))
-            role = n.forced or ROLES[int(np.argmax(zz[self.L:]))]
-            path.append((self.names[m], role.value))
-            if role is Role.VERIFIER and n.answer is None:
-                return path, "verifier_first", n
-            c = self.child(n, m, role)
-            if c is None:
-                return path, "unexplored", n
-            n = c
-            if n.terminal:
-                return path, ("accept" if n.turns[-1].verdict == "ACCEPT" else "max_turns"), n
+        ep = Episode(task=task, candidate=0, rng=rng)
+        try:
+            asyncio.run(play_episodes([ep], [W], self.pool, self.states, self.max_turns, self.rw, self._grade,
+                                      trees=self.memo, stop_on_outage=True))
+        except (Unexplored, MissingState) as e:
+            return ("unexplored" if isinstance(e, Unexplored) else "missing-state"), None, None, self._path(ep), ep
+        if ep.verifier_first:
+            return "verifier_first", 0.0, 0.0, self._path(ep), ep
+        how = "outage" if ep.outage else "accept" if ep.turns[-1].verdict == "ACCEPT" else "max_turns"
+        if math.isnan(ep.correct):
+            return how, None, None, self._path(ep), ep
+        return how, ep.correct, ep.reward, self._path(ep), ep
 
-    def replay(self, task, W, rng):
-        """Play one sampled episode exactly as play_episodes draws it (two uniforms per pick: model then role,
-        inverse CDF; a Thinker's suggested_role overrides the role). Returns (outcome, correct, reward, path)."""
-        from trinity.coordinator.head import softmax
-        from trinity.coordinator.roles import ROLES, Role
+    def _path(self, ep):
+        return [(self.names[m], role.value) for m, role in ep.picks]
 
-        n, models, path = self.node(task), [], []
-        while True:
-            if n.state is None:
-                return "missing-state", None, None, path
-            zz = W @ n.state
-            pm, pr = softmax(zz[None, :self.L])[0], softmax(zz[None, self.L:])[0]
-            u1, u2 = rng.random(), rng.random()
-            cm, cr = np.cumsum(pm), np.cumsum(pr)
-            m = int((cm / cm[-1] <= u1).sum())
-            role = n.forced or ROLES[int((cr / cr[-1] <= u2).sum())]
-            models.append(m)
-            path.append((self.names[m], role.value))
-            if role is Role.VERIFIER and n.answer is None:
-                return "verifier_first", 0.0, 0.0, path
-            c = self.child(n, m, role)
-            if c is None:
-                return "unexplored", None, None, path
-            n = c
-            if n.terminal:
-                g = self.label(task, n.answer)
-                r = None if g is None else self.leaf_reward(g, models, len(n.turns))
-                return ("accept" if n.turns[-1].verdict == "ACCEPT" else "max_turns"), g, r, path
+    def _grade(self, task, answer) -> float:
+        """The loop's grade: a known label (NaN when the answer cannot be graded here)."""
+        g = self.label(task, answer)
+        return math.nan if g is None else g
 
     # ------------------------------------------------------------------ Q1
     def eval_states(self):
@@ -412,10 +441,10 @@ class Diagnosis:
         for r, k, j, key, h, pick, has_ans in ev:
             if h is None:
                 continue
-            zz = W @ h
+            zz = W @ self.feat(h)
             pm, pr = softmax(zz[:L]), softmax(zz[L:])
             sm, sr = np.sort(pm)[::-1], np.sort(pr)[::-1]
-            zm, zr = np.sort(zz[:L])[::-1], np.sort(zz[L:])[::-1]
+            zm = np.sort(zz[:L])[::-1]
             am, ar = int(np.argmax(pm)), int(np.argmax(pr))
             rows.append((pm, pr, am, ar, has_ans, r["benchmark"]))
             print(f"{r['task_id'][:38]:38s} {k:2d} {j:3d} {'y' if has_ans else 'n':3s} {_fmt(pm)} {_fmt(pr)} "
@@ -520,8 +549,7 @@ class Diagnosis:
         keys = {n.key for n in self._nodes.values()}
         self.unmapped_states = [k for k in self.all_state_keys if k not in keys]
         print(f"\n[trees] {len(roots)} roots, {len(self._nodes)} nodes rebuilt from stored replies; store states "
-              f"mapped to a node: {len(self.all_state_keys) - len(self.unmapped_states)}/{len(self.all_state_keys)}; "
-              f"response-index duplicates: {self.resp_dups}")
+              f"mapped to a node: {len(self.all_state_keys) - len(self.unmapped_states)}/{len(self.all_state_keys)}")
         used = set()
         for n in self._nodes.values():
             for (m, role), c in n.children.items():
@@ -544,7 +572,7 @@ class Diagnosis:
             n, st = self.walk_path(t, p)
             end[g][st] += 1
             if st in ("accept", "max_turns"):
-                r = self.leaf_reward(float(correct), [int(m) for m, _ in p], len(n.turns))
+                r = self.reward(n, [(int(m), Role(r_)) for m, r_ in p], float(correct))
                 recon.append(abs(r - reward))
             elif st == "verifier_first":
                 recon.append(abs(reward - 0.0))
@@ -595,18 +623,16 @@ class Diagnosis:
             want = [(self.names[int(m)], role) for m, role in r["path"]]
             if r["method"] == "trinity":
                 n_a += 1
-                ok_a += self.argmax_path(t, self.W)[0] == want
+                ok_a += self.play(t, self.W, None)[3] == want
             elif r["method"] == "random-routing":
                 n_r += 1
                 rng = episode_rng(self.settings.evaluate.random_routing_seed, "random", t.id)
-                ok_r += self.replay(t, np.zeros_like(self.W), rng)[3] == want
+                ok_r += self.play(t, np.zeros_like(self.W), rng)[3] == want
         print(f"  reconstruction check: saved head's argmax path == eval trinity path on {ok_a}/{n_a} items; "
               f"zero head replayed with the eval seeds == random-routing path on {ok_r}/{n_r} items")
 
     # ------------------------------------------------------------------ Q2
     def q2(self):
-        from trinity.coordinator.head import softmax
-
         print("\n" + "=" * 100)
         print("Q2. Hidden-state geometry and what the head's logits are made of")
         print("=" * 100)
@@ -638,8 +664,8 @@ class Diagnosis:
               f"{(C[:, dims] ** 2).sum() / (C ** 2).sum():.3f}")
         from trinity.coordinator.roles import coordinator_text
 
-        tails = sorted((float(n.state[top1]), coordinator_text(n.task, n.turns)[-14:]) for n in self._nodes.values()
-                       if n.state is not None)
+        tails = sorted((float(self.all_states[n.key][top1]), coordinator_text(n.task, n.turns)[-14:])
+                       for n in self._nodes.values() if n.state is not None)
         print(f"  dim {top1} vs the transcript's last characters (the feature is the penultimate token's state): "
               f"lowest {[(round(v, 1), t) for v, t in tails[:3]]}; highest {[(round(v, 1), t) for v, t in tails[-3:]]}")
         sd = C.std(0)
@@ -682,8 +708,8 @@ class Diagnosis:
 
         cm, cr = centred(common, 0, L), centred(common, L, L + 3)
         dm, dr = centred(dev, 0, L), centred(dev, L, L + 3)
-        print(f"\nsaved head: z = W·mean(h) + W·(h − mean)  (logits centred within the model / role groups, since "
-              f"softmax ignores a shared shift)")
+        print("\nsaved head: z = W·mean(h) + W·(h − mean)  (logits centred within the model / role groups, since "
+              "softmax ignores a shared shift)")
         print(f"  model logits: W·mean = {_fmt(cm)}  (spread {np.ptp(cm):.3f}); W·(h−mean): std across states per "
               f"logit = {_fmt(dm.std(0))}, mean |.| = {np.abs(dm).mean():.3f}")
         print(f"  role  logits: W·mean = {_fmt(cr)}  (spread {np.ptp(cr):.3f}); W·(h−mean): std across states per "
@@ -729,15 +755,14 @@ class Diagnosis:
               f"per role: {dict(zip(['thinker', 'worker', 'verifier'], np.round(PR.mean(0), 3).tolist()))}")
         Ws = np.stack([W, np.zeros_like(W)])
         tasks = [t for t in self.tasks.values() if t.grader != "judge"]
-        print(f"\nexact expectations by enumerating every path through the stored trees (unknown = mass reaching a "
-              f"never-asked edge / a missing state / an ungradeable answer)")
+        print("\nexact expectations by enumerating every path through the stored trees (unknown = mass reaching a "
+              "never-asked edge / a missing state / an ungradeable answer)")
         print(f"{'task':40s} {'split':8s} {'saved head: E[acc] E[reward] unknown':38s} {'zero head (uniform)':24s} "
               f"argmax path -> outcome (correct)")
         agg = defaultdict(list)
         for t in tasks:
             e = self.expect(t, Ws)
-            path, how, n = self.argmax_path(t, W)
-            c = self.label(t, n.answer) if how in ("accept", "max_turns") else (0.0 if how == "verifier_first" else None)
+            how, c, _, path, _ = self.play(t, W, None)
             unk = e["unknown"] + e["unknown_grade"]
             sp = self.split_of[t.id][:8]
             print(f"{t.id[:40]:40s} {sp:8s} {e['acc'][0]:.3f}  {e['reward'][0]:.3f}  {unk[0]:.3f}"
@@ -760,23 +785,23 @@ class Diagnosis:
                   f"[{acc[1]:.3f}, {acc[1] + unk[1]:.3f}], P(vfirst)={vf[1]:.3f} | argmax: correct "
                   f"{sum(x for x in am if x is not None):.0f}/{len(am)} (unknown {sum(x is None for x in am)})")
         # the saved-fitness episodes of the final generation, replayed with their own streams
-        from trinity.coordinator.episode import episode_rngs
+        from trinity.coordinator.episode import episode_rng, shaped_reward
         from trinity.evolve.sep_cma import saved_fitness_episodes
 
         scoring = saved_fitness_episodes(self.settings, self.train)
-        rngs = episode_rngs([(self.settings.evolve.seed, "saved-fitness", k, t.id) for t, k in scoring])
-        res = [self.replay(t, self.W, r) for (t, _), r in zip(scoring, rngs)]
+        res = [self.play(t, self.W, episode_rng(self.settings.evolve.seed, "saved-fitness", k, t.id))
+               for t, k in scoring]
         left = sum(x[0] in ("unexplored", "missing-state") for x in res)
         ungraded = [i for i, x in enumerate(res) if x[1] is None and x[0] not in ("unexplored", "missing-state")]
         if not left:
             # an ungraded (code) answer: its reward is the bonus alone if wrong; assume wrong, then check the sums
             rew0 = []
-            for (t, _), x in zip(scoring, res):
+            for x in res:
                 if x[2] is not None:
                     rew0.append(x[2])
                 else:
-                    models = [self.names.index(m) for m, _ in x[3]]
-                    rew0.append(self.leaf_reward(0.0, models, len(x[3])))
+                    x[4].correct = 0.0
+                    rew0.append(shaped_reward(x[4], self.max_turns, self.rw))
             acc0 = np.mean([x[1] or 0.0 for x in res])
             print(f"\nsaved-fitness episodes of the final mean replayed ({len(res)} sampled episodes, the run's own "
                   f"streams; {len(ungraded)} code answers ungradeable here, taken as wrong): fitness {np.mean(rew0):.4f}, "
@@ -799,14 +824,16 @@ class Diagnosis:
               f"(||W_i||/sqrt(d)): {_fmt(zs, 2)}  (models {self.names}, roles [th, wo, ve])")
 
         # movement of the mean
-        st = pickle.load(open(self.root / "data/store/evolve_state.pkl", "rb"))
-        es = st["optimizer"].es
+        from trinity.evolve.sep_cma import load_run_state
+
+        st = load_run_state(self.root / "data/store/evolve_state.pkl")
+        es = st.optimizer.es
         mean = np.asarray(es.mean, dtype=np.float64)
         n = mean.size
         sig = float(es.sigma)
         s0 = self.settings.evolve.sigma0
         mueff = float(es.sp.weights.mueff)
-        gens = int(st["generation"])
+        gens = int(st.generation)
         rw = s0 * math.sqrt(n / mueff) * math.sqrt(gens)
         sv = getattr(es, "sigma_vec", None)
         scal = np.asarray(getattr(sv, "scaling", np.ones(n)) if sv is not None else np.ones(n), dtype=float)
@@ -876,8 +903,10 @@ class Diagnosis:
                   f"{var_c / max(fit.var(ddof=1), 1e-12):.2f}")
             rows.append((g, tids, fit))
         try:
-            st = pickle.load(open(self.root / "data/store/evolve_state.pkl", "rb"))
-            w = np.asarray(st["optimizer"].es.sp.weights)[: len(cands) // 2]
+            from trinity.evolve.sep_cma import load_run_state
+
+            st = load_run_state(self.root / "data/store/evolve_state.pkl")
+            w = np.asarray(st.optimizer.es.sp.weights)[: len(cands) // 2]
             print(f"CMA recombination weights of the top {len(w)}: top-1 {w[0]:.3f}, top-2 together {w[:2].sum():.3f} of "
                   f"{w.sum():.3f}: in gens 1-2 the two candidates with one lucky correct episode set ~"
                   f"{w[:2].sum() / w.sum():.0%} of the mean's step")

@@ -14,7 +14,7 @@ from test_serve import MEMBERS, THINKER_REPLY, PoolReplies, worker_reply, write_
 
 from trinity import cli
 
-from trinity.stages import common as stage_common, paths as stage_paths, run_stage
+from trinity.coordinator import policy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,10 +26,10 @@ def project(tmp_path_factory):
     fake = FakeOpenAIServer(reply=replies).start()
     root = tmp_path_factory.mktemp("cli")
     params = write_params(root / "params.yaml", fake.base_url)
-    write_checkpoint(root / "data" / "checkpoints" / "coordinator")
     from trinity.config import load_settings
 
-    encoder = stage_common.make_encoder(load_settings(params))  # loaded once for the module's in-process runs
+    encoder = policy.make_encoder(load_settings(params))  # loaded once for the module's in-process runs
+    write_checkpoint(root / "data" / "checkpoints" / "coordinator", encoder=encoder.encoder_id)
     yield {"root": root, "params": params, "fake": fake, "encoder": encoder, "replies": replies}
     fake.stop()
 
@@ -37,7 +37,7 @@ def project(tmp_path_factory):
 @pytest.fixture
 def run(project, capsys, monkeypatch):
     """`trinity ARGS` in process: (exit code, stdout, stderr)."""
-    monkeypatch.setattr(stage_common, "make_encoder", lambda settings: project["encoder"])
+    monkeypatch.setattr(policy, "make_encoder", lambda settings: project["encoder"])
     monkeypatch.setenv("COLUMNS", "200")
 
     def go(*args: str, root: bool = True) -> tuple[int, str, str]:
@@ -112,6 +112,9 @@ def test_exit_codes_say_what_went_wrong(project, run, tmp_path):
     other = write_checkpoint(tmp_path / "other" / "coordinator", members=("x", "y"))
     code, _, err = run("ask", "hi", "--params", params, "--checkpoint", str(other.parent))
     assert code == cli.EXIT_USAGE and "trained on pool ['x', 'y']" in err and str(list(MEMBERS)) in err
+    other = write_checkpoint(tmp_path / "other-encoder" / "coordinator", encoder="another-encoder")
+    code, _, err = run("ask", "hi", "--params", params, "--checkpoint", str(other.parent))
+    assert code == cli.EXIT_USAGE and "checkpoint encoder 'another-encoder' differs from configured" in err
 
     code, _, err = run("ask", "hi", "--params", str(tmp_path / "missing.yaml"))
     assert code == cli.EXIT_USAGE and "missing.yaml" in err
@@ -132,7 +135,8 @@ def test_exit_codes_say_what_went_wrong(project, run, tmp_path):
     assert code == cli.EXIT_POOL_FAILURE and out == ""
     assert "pool member 'alpha' failed: http 503: upstream failure 503" in err
 
-    verifier_first = write_checkpoint(tmp_path / "verifier" / "coordinator", role=2)
+    verifier_first = write_checkpoint(tmp_path / "verifier" / "coordinator", role=2,
+                                      encoder=project["encoder"].encoder_id)
     n0 = fake.request_count
     code, out, err = run("ask", "What is 39 plus 3?", "--params", params, "--checkpoint", str(verifier_first.parent))
     assert code == cli.EXIT_NO_ANSWER and out == "" and "Verifier before any Worker answered" in err

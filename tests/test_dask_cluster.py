@@ -16,7 +16,7 @@ import pytest
 
 from trinity.config import ConfigError, Settings, load_settings
 from trinity.coordinator.episode import StateCache
-from trinity.evolve.engine import DaskClusterError, TaskRunnerExpansion, run_expanding
+from trinity.evolve.engine import DaskClusterError, TaskRunnerExecutor, run_expanding
 from trinity.evolve.sep_cma import evolve
 from trinity.store import Store
 
@@ -89,13 +89,13 @@ def test_existing_cluster_generation_equals_thread_generation(cluster, tmp_path)
         if runner == "cluster":
             evolve_settings["dask_address"] = address
         s = Settings.model_validate({**SETTINGS, "evolve": evolve_settings})
-        expansion = TaskRunnerExpansion()
+        executor = TaskRunnerExecutor()
         store_path = tmp_path / f"{runner}.duckdb"
         t0 = time.monotonic()
         with Store(store_path) as store:  # each runner pays for its own calls
-            pool = build_pool(s.pool, store, ROLE_CAPS)
+            pool = build_pool(s.pool, store, ROLE_CAPS, executor=executor)
             res = run_expanding(lambda: evolve(s, TASKS, pool, StateCache(encoder, store), grade, store=store,
-                                               run_id="gen"), s, pool, task_runner=True, expansion=expansion)
+                                               run_id="gen"), s, pool)
             rows = store.con.execute("SELECT candidate, task_id, path, reward, correct FROM episodes ORDER BY ALL").fetchall()
             texts = store.con.execute("SELECT key, text FROM responses ORDER BY key").fetchall()
         wall[runner] = time.monotonic() - t0
@@ -103,16 +103,16 @@ def test_existing_cluster_generation_equals_thread_generation(cluster, tmp_path)
         rec = res.history[0]
         out[runner] = (rows, texts, rec.best_candidate_fitness, rec.saved_fitness, rec.mean_fitness, rec.calls_made,
                        rec.store_hits, res.params)
-        assert rec.calls_made > 0 and expansion.submitted == rec.calls_made
+        assert rec.calls_made > 0 and executor.submitted == rec.calls_made
         if runner == "cluster":
             with Client(address, timeout=30, set_as_default=False) as client:
                 # every worker process: what it has loaded and holds open, after the generation
                 seen = client.run(lambda: {"pid": os.getpid(), "duckdb": "duckdb" in sys.modules,
                                            "open": [f.path for f in psutil.Process().open_files()]})
             worker_pids = {w["pid"] for w in seen.values()}
-            assert len(worker_pids) == 2 and set(expansion.workers) <= worker_pids, (expansion.workers, worker_pids)
-            assert set(expansion.workers) & set(sup.descendants())  # the calls ran in the processes started here
-            for info in expansion.workers.values():
+            assert len(worker_pids) == 2 and set(executor.workers) <= worker_pids, (executor.workers, worker_pids)
+            assert set(executor.workers) & set(sup.descendants())  # the calls ran in the processes started here
+            for info in executor.workers.values():
                 assert info["models_loaded"] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]  # once per worker process
             for addr, w in seen.items():  # one writer: no worker ever imported DuckDB or holds the store open
                 assert not w["duckdb"], addr
@@ -134,11 +134,11 @@ def test_unreachable_scheduler_fails_before_any_call(tmp_path):
     called = []
 
     class NoPool:
-        expansion = None
+        executor = TaskRunnerExecutor()
 
     t0 = time.monotonic()
     with pytest.raises(DaskClusterError) as e:
-        run_expanding(lambda: called.append(1), s, NoPool(), task_runner=True)
+        run_expanding(lambda: called.append(1), s, NoPool())
     assert time.monotonic() - t0 < 30
     assert f"evolve.dask_address: no Dask scheduler answers at {address}" in str(e.value)
     assert called == []
@@ -254,7 +254,7 @@ def test_dvc_repro_evolve_on_the_cluster_equals_threads(cluster, tmp_path, root)
     same = ("calls_made", "store_hits", "saved_fitness", "best_candidate_fitness", "failed_calls")
     assert {k: on_cluster[k] for k in same} == {k: metrics[k] for k in same} and metrics["calls_made"] > 0
     with Client(address, timeout=30, set_as_default=False) as client:
-        loaded = client.run(lambda: __import__("trinity.pool.local", fromlist=["LOADS"]).LOADS)
+        loaded = client.run(lambda: __import__("trinity.pool.local", fromlist=["LLAMA_MODELS"]).LLAMA_MODELS.loads)
     # the calls ran in the workers started here (the stage's own process loads no model under dask)
     assert any(loaded.values()), loaded
     assert "ModuleNotFoundError" not in out and "Can't pickle" not in out

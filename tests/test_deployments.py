@@ -82,7 +82,7 @@ def llm():
 def project(tmp_path_factory, llm):
     """A checkout (flows/, src/, prefect.yaml) with a tiny params.yaml, its prepared splits, a coordinator
     trained on them by the evolve stage, and a DVC project with a default (local) remote."""
-    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
+    from trinity.stages import paths as stage_paths, run_stage
 
     tmp = tmp_path_factory.mktemp("deployments")
     repo = tmp / "repo"

@@ -95,7 +95,7 @@ def test_report_stage_reads_only_its_declared_dependencies(tmp_path):
     import yaml
 
     from test_results_integrity import _report_inputs, settings
-    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
+    from trinity.stages import paths as stage_paths, run_stage
 
     paths = stage_paths.Paths(tmp_path)
     _report_inputs(paths)

@@ -236,7 +236,7 @@ def test_the_evaluate_stage_checks_before_calling_a_model(tmp_path, root, monkey
     paths.prepared.mkdir(parents=True)
     for split, name in stage_paths.SPLIT_FILES.items():
         save_tasks(paths.prepared / name, getattr(s, split))
-    from trinity.evolve.sep_cma import save_checkpoint
+    from trinity.coordinator.policy import save_checkpoint
 
     save_checkpoint(paths.checkpoint, np.zeros(4), {"pool": [{"name": m.name} for m in settings.pool.members],
                                                      "svf_layer": None, "encoder": "x"})
@@ -400,10 +400,13 @@ def test_pooled_paired_per_split_against_one_best_member_chosen_on_the_pooled_sc
         [0, 1, 0.8, 0.6, 0.2], [0, 0, 0.3, 0.2, 0.2], n_resamples=400, seed=0,
         clusters=["g0", "g1", "A", "B", "B"]).as_dict()["ci95"])
     json.dumps(t)
-    # the report reads what summarise wrote: the per-turn columns and the pooled rows
-    from trinity.evaluation import report
+    # the report reads what summarise wrote (as the checked record): the per-turn columns and the pooled rows
+    from trinity.evaluation.report import tables
+    from trinity.evaluation.results import EvalResults
 
-    rendered = "\n".join(report.main_table(t) + report.pooled_table(t))
+    results = EvalResults.from_dict(t)
+    assert results.to_json() is t
+    rendered = "\n".join(tables.main_table(results) + tables.pooled_table(results))
     assert "mt_bench turn 2 (n=2, 1–10)" in rendered and "mt_bench all turns (n=2x2, 1–10)" in rendered
     assert "| in-distribution (math500, mmlu) | trinity − alone:y (best single member on the split" in rendered
 

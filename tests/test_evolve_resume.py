@@ -69,8 +69,9 @@ def _outcomes(history: list[dict]) -> list[dict]:
     return out
 
 
-def _checkpoint(root: Path) -> dict | None:
-    """The evolve stage's resume pickle (written atomically after every generation), or None before the first."""
+def _checkpoint(root: Path):
+    """The evolve stage's resume pickle (a `RunState`, written atomically after every generation), or None before
+    the first."""
     try:
         with open(root / "data/store/evolve_state.pkl", "rb") as f:
             return pickle.load(f)
@@ -100,7 +101,7 @@ def test_kill9_then_resume_matches_uninterrupted_run(tmp_path):
     p = subprocess.Popen(_cli(b, "evolve"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 900
-        while (ck := _checkpoint(b)) is None or ck["generation"] < k:
+        while (ck := _checkpoint(b)) is None or ck.generation < k:
             assert p.poll() is None, f"the run exited (rc {p.returncode}) before its checkpoint reached generation {k}"
             assert time.monotonic() < deadline, f"no checkpoint of generation {k} within 900 s"
             time.sleep(0.01)
@@ -113,10 +114,10 @@ def test_kill9_then_resume_matches_uninterrupted_run(tmp_path):
         p.wait()
     assert p.returncode == -signal.SIGKILL  # it died of the kill, not of finishing
     ck = _checkpoint(b)
-    killed_at = ck["generation"]
+    killed_at = ck.generation
     assert k <= killed_at < G, f"checkpoint at generation {killed_at} after a kill meant for generation {k} of {G}"
     assert not (b / "data/evolve/history.json").exists()  # the stage never got to write its results
-    pickled_walls = [r.wall_s for r in ck["history"]]
+    pickled_walls = [r.wall_s for r in ck.history]
     assert len(pickled_walls) == killed_at
     paid_before = _responses(b)
     subprocess.run(_cli(b, "evolve"), check=True, capture_output=True, timeout=900, env=env)

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from scripted_pool import HashEncoder, ScriptedModel
-from trinity.stages import common as stage_common, paths as stage_paths, run_stage
+from trinity.coordinator import policy
+from trinity.stages import paths as stage_paths, run_stage
 from trinity.config import CoordinatorSettings, EvolveSettings, PoolMember, PoolSettings, RewardSettings, Settings
-from trinity.coordinator.episode import Episode, StateCache, episode_rng, episode_rngs, play_episodes
+from trinity.coordinator.episode import Episode, StateCache, episode_rng, play_episodes
 from trinity.evolve import sep_cma
 from trinity.pool.runtime import Pool
 from trinity.records import ChatResponse, Task
@@ -145,8 +146,7 @@ def test_the_saved_vectors_score_leaves_outages_out(tmp_path):
     params = np.random.default_rng(4).standard_normal(layout.n_params) * 0.5
     own = sep_cma.score_params(params, layout, scoring, s, pool, states, grade, sep_cma.RolloutTrees())
     # the same episodes played plainly: those free of outages are the same games either way
-    eps = [Episode(task=t, candidate=0, rng=r) for (t, _), r in
-           zip(scoring, episode_rngs([(s.evolve.seed, "saved-fitness", k, t.id) for t, k in scoring]))]
+    eps = [Episode(task=t, candidate=0, rng=episode_rng(s.evolve.seed, "saved-fitness", k, t.id)) for t, k in scoring]
     asyncio.run(play_episodes(eps, [layout.split(params)[1]], pool, states, 3, s.reward, grade))
     clean = [e for e in eps if not _hit_outage(e)]
     assert 0 < len(clean) < len(eps)
@@ -232,10 +232,10 @@ def _evaluate_setup(tmp_path, monkeypatch):
     settings = Settings(pool=PoolSettings(members=[
         PoolMember(name=n, backend="local", model="smollm2-135m-instruct") for n in "ab"]),
         coordinator=CoordinatorSettings(max_turns=2))
-    sep_cma.save_checkpoint(paths.checkpoint, np.zeros(5 * HashEncoder.dim),
-                            {"pool": [{"name": n, "model_id": f"scripted:{n}"} for n in "ab"], "svf_layer": None,
-                             "encoder": HashEncoder.encoder_id})
-    monkeypatch.setattr(stage_common, "make_encoder", lambda s: HashEncoder())
+    policy.save_checkpoint(paths.checkpoint, np.zeros(5 * HashEncoder.dim),
+                           {"pool": [{"name": n, "model_id": f"scripted:{n}"} for n in "ab"], "svf_layer": None,
+                            "encoder": HashEncoder.encoder_id})
+    monkeypatch.setattr(policy, "make_encoder", lambda s: HashEncoder())
     return paths, settings
 
 

@@ -507,3 +507,60 @@ def test_structured_output_off_sends_no_response_format_and_reads_the_text_field
         assert [r.response_format for r in srv.records] == [None]
     assert v.ok and turn_of("m", Role.VERIFIER, v).verdict == "ACCEPT"
     assert pools[0][0].key(0, verifier_msgs, "verifier") != pools[1][0].key(0, verifier_msgs, "verifier")
+
+
+def test_observers_see_every_reply_after_one_store_lookup_per_request():
+    """`Pool.observe` reports each reply (request order, whether the store held it) from the one lookup
+    `complete_many` makes; `Pool.run_on` runs requests made on another thread's loop on the pool's loop."""
+    import threading
+
+    from trinity.pool.runtime import Pool, Request
+
+    class Store:
+        def __init__(self):
+            self.rows, self.lookups = {}, 0
+
+        def get_response(self, key):
+            self.lookups += 1
+            return self.rows.get(key)
+
+        def put_response(self, key, model_id, role, messages, sampling, resp):
+            self.rows[key] = resp
+
+    class Echo:
+        name, model_id = "echo", "echo@1"
+
+        def __init__(self):
+            self.loops = []
+
+        async def chat(self, messages, sampling):
+            self.loops.append(asyncio.get_running_loop())
+            return ChatResponse(text=messages[-1].content, ok=True)
+
+    store, echo = Store(), Echo()
+    pool = Pool([echo], [PoolMember(name="echo", backend="local", model="x")], store)
+    reqs = [Request(0, "worker", pool.key(0, ask(q), "worker"), ask(q)) for q in ("a", "b", "a")]
+    seen = []
+    with pool.observe(lambda r, resp, stored: seen.append((r.key, resp.text, stored))):
+        asyncio.run(pool.complete_many(reqs))
+        assert store.lookups == 3 and [s for *_, s in seen] == [False, False, False]
+        asyncio.run(pool.complete_many(reqs[:2]))
+    assert store.lookups == 5 and seen[3:] == [(reqs[0].key, "a", True), (reqs[1].key, "b", True)]
+    assert [t for _, t, _ in seen[:3]] == ["a", "b", "a"] and len(echo.loops) == 2
+    asyncio.run(pool.complete_many(reqs[:1]))
+    assert len(seen) == 5  # outside the block: not observed
+
+    async def serve():  # the pool's loop; an "episode" asks from a thread and loop of its own
+        home, out = asyncio.get_running_loop(), []
+
+        def episode():
+            with pool.run_on(home), pool.observe(lambda r, resp, stored: out.append(stored)):
+                asyncio.run(pool.complete(0, ask("c"), "worker"))
+
+        thread = threading.Thread(target=episode)
+        thread.start()
+        await asyncio.to_thread(thread.join)
+        return home, out
+
+    home, out = asyncio.run(serve())
+    assert echo.loops[-1] is home and out == [False]

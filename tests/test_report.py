@@ -1,7 +1,7 @@
 """The stage dispatch names an unknown stage (the report itself: tests/test_report_module.py)."""
 import pytest
 
-from trinity.stages import common as stage_common, paths as stage_paths, run_stage
+from trinity.stages import run_stage
 
 
 def test_unknown_stage_is_named():

@@ -9,6 +9,8 @@ import pytest
 from matplotlib.image import imread
 
 from trinity.evaluation import report
+from trinity.evaluation.report import format as report_format, plots, tables, traces
+from trinity.evaluation.results import EvalResults
 
 POOL = ["alpha", "beta"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -276,21 +278,21 @@ def test_plots_are_real_pngs(rendered):
 
 def test_usage_counts_are_the_coordinators_turns_per_benchmark_model_and_role():
     episodes = _episodes()
-    counts = report.usage_counts(episodes, POOL)
+    counts = plots.usage_counts(episodes, POOL)
     assert sorted(counts) == sorted(TRINITY_TURNS)
     for bench, items in TRINITY_TURNS.items():
         expected = Counter((m, r) for turns in items for m, r, _ in turns)
         for (model, role), count in np.ndenumerate(counts[bench]):
-            assert count == expected[(POOL[model], report.ROLE_NAMES[role])]
+            assert count == expected[(POOL[model], plots.ROLE_NAMES[role])]
     math500 = counts["math500"]
-    assert math500[POOL.index("alpha"), report.ROLE_NAMES.index("worker")] == 4  # alone:alpha rows not counted
+    assert math500[POOL.index("alpha"), plots.ROLE_NAMES.index("worker")] == 4  # alone:alpha rows not counted
     with pytest.raises(ValueError, match="gamma"):
-        report.usage_counts([{**episodes[0], "turns": [_turn("gamma", "worker", None, 1, "")]}], POOL)
+        plots.usage_counts([{**episodes[0], "turns": [_turn("gamma", "worker", None, 1, "")]}], POOL)
 
 
 def test_usage_heatmap_annotates_the_counts():
-    counts = report.usage_counts(_episodes(), POOL)
-    figure = report.usage_figure(counts, POOL, report.ordered_benchmarks(_results()))
+    counts = plots.usage_counts(_episodes(), POOL)
+    figure = plots.usage_figure(counts, POOL, report_format.ordered_benchmarks(EvalResults.from_dict(_results())))
     math500 = next(ax for ax in figure.axes if ax.get_title().startswith("math500"))
     assert [int(t.get_text()) for t in math500.texts] == counts["math500"].ravel().tolist()
 
@@ -307,9 +309,9 @@ def test_traces_show_turns_with_model_role_verdict_and_include_a_failing_item(re
 def test_long_turn_text_is_clipped():
     row = _episodes()[0]
     row["turns"][0]["text"] = "y" * 5000
-    text = report.traces_markdown(_results(), [row])
-    assert "y" * report.TRACE_TEXT_CHARS + " … [clipped: 5000 characters in all]" in text
-    assert "y" * (report.TRACE_TEXT_CHARS + 1) not in text
+    text = traces.traces_markdown(EvalResults.from_dict(_results()), [row])
+    assert "y" * traces.TRACE_TEXT_CHARS + " … [clipped: 5000 characters in all]" in text
+    assert "y" * (traces.TRACE_TEXT_CHARS + 1) not in text
 
 
 def test_rerun_gives_identical_bytes(tmp_path):
@@ -352,7 +354,7 @@ def test_reading_calls_no_outcome_on_too_few_items_but_says_which_way_the_estima
                    "gpqa": [{"a": "trinity", "b": "alone:x", "label": "best single member", "diff": 0.5,
                              "ci95": [0.0, 1.0], "n": 2, "small_sample": True, "outcome": "too few items"}]},
         "bootstrap": {"small_sample_below": 30}}
-    text = report.reading(results)
+    text = tables.reading(EvalResults.from_dict(results))
     assert ("Against the best single member, on the point estimate only (too few paired items to call a win or a "
             "loss), the coordinator is ahead on gpqa (+0.500); **is behind** on aime (-0.500).") in text
     assert "loses on none" not in text and "fewer than 5 paired items none is called" in text
@@ -366,7 +368,7 @@ def test_mt_bench_renders_a_cell_per_turn_and_all_turns_and_its_paired_rows_per_
         "diff": -0.5, "ci95": [-2.0, 1.0], "n": 3, "items": 2, "turns": {
             "1": comparison | {"diff": 0.0, "ci95": [-1.0, 1.0], "n": 2, "items": 2},
             "2": comparison | {"diff": -1.5, "ci95": [-1.5, -1.5], "n": 1, "items": 1}}}]
-    summary = report.summary_markdown(results, _meta(), _history())
+    summary = tables.summary_markdown(EvalResults.from_dict(results), _meta(), _history())
     table = _main_table(summary)
     header = _cells(table[0])
     rows = {_cells(line)[0]: _cells(line) for line in table[3:]}

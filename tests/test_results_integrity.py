@@ -85,7 +85,7 @@ def test_code_version_changes_with_behaviour_not_with_comments(tmp_path):
     _edit(pkg / "evolve" / "engine.py", "def in_prefect_flow() -> bool:", "def in_prefect_flow(  ) -> bool:  # x")
     assert cv.raw_code_version(pkg) == base
     # where calls run is not behaviour either (engine.py is runtime-only)
-    _edit(pkg / "evolve" / "engine.py", "_expand_task = None", "_expand_task = None\n_UNUSED = 1")
+    _edit(pkg / "evolve" / "engine.py", "SCHEDULER_TIMEOUT_S = 10.0", "SCHEDULER_TIMEOUT_S = 11.0\n_UNUSED = 1")
     assert cv.raw_code_version(pkg) == base
     # the reward shaping, a role prompt, a grader, the optimiser, a base model's template: each is a new version
     edits = [(episode, "((max(n_turns, 1) - 1) / max_turns) / 4", "((max(n_turns, 1) - 1) / max_turns) / 5"),
@@ -137,7 +137,6 @@ def test_code_change_starts_a_new_run_and_refactor_declared_compatible_resumes(t
 
 
 def test_run_id_and_fingerprint_carry_the_code_version(monkeypatch):
-    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 
     s = settings()
     a = cv.run_id(s, "evolve")
@@ -406,8 +405,9 @@ def _trinity_imports(tree: ast.AST) -> set[str]:
     return out
 
 
-W_AND_B_LOGGING = ("ops/tracking.py", "ops/wandb_report.py")
-"""W&B logging: it writes no DVC output (a run's log is not a result), so neither it nor its imports are deps."""
+DISPLAY_ONLY = ("ops/tracking.py", "ops/wandb_report.py", "ops/prefect_artifacts.py")
+"""W&B logging and the Prefect UI's artifacts: they write no DVC output (a run's log is not a result), so neither
+they nor their imports are deps."""
 
 
 def _stage_reads(stage: str) -> set[Path]:
@@ -418,7 +418,7 @@ def _stage_reads(stage: str) -> set[Path]:
     mods = set().union(*(_trinity_imports(ast.parse(f.read_text())) for f in flows)) - {"trinity.stages"}
     entries = [f"stages.{stage}:run", *(m.removeprefix("trinity.") for m in mods
                                      if cv._module_file(cv.PACKAGE, m) is not None)]
-    return {*flows, *cv.imported_files(cv.PACKAGE, entries, stop=W_AND_B_LOGGING)}
+    return {*flows, *cv.imported_files(cv.PACKAGE, entries, stop=DISPLAY_ONLY)}
 
 
 def test_dvc_deps_cover_every_file_a_stage_runs():
@@ -469,7 +469,7 @@ def _report_inputs(paths) -> None:
 
 
 def test_readers_work_while_a_writer_holds_the_store(tmp_path):
-    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
+    from trinity.stages import paths as stage_paths, run_stage
 
     paths = stage_paths.Paths(tmp_path)
     db = paths.store

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trinity.grading import sandbox as sbmod
+from trinity.grading.sandbox import api as sbmod  # the availability probe and its cache live here
 from trinity.grading.sandbox import Sandbox, SandboxJob, SandboxUnavailable, seccomp_filter
 
 SRC = Path(__file__).resolve().parents[1] / "src"

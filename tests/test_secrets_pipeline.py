@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from fake_openai_server import FakeOpenAIServer
-from trinity.stages import common as stage_common, paths as stage_paths, run_stage
+from trinity.stages import paths as stage_paths, run_stage
 from trinity.config import PROJECT_ROOT, load_settings
 from trinity.coordinator.episode import OutageError
 from trinity.ops.tracking import StageRun

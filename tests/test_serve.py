@@ -27,7 +27,7 @@ import openai
 import pytest
 from fake_openai_server import FakeOpenAIServer
 
-from trinity.evolve.sep_cma import save_checkpoint
+from trinity.coordinator.policy import save_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -68,18 +68,20 @@ def write_params(path: Path, base_url: str, max_turns: int = 3) -> Path:
         for name, model in zip(MEMBERS, ("fake-a", "fake-b", "fake:503")))
     path.write_text(f"pool:\n  max_concurrency: 8\n  members:\n{members}\n"
                     f"coordinator:\n  max_turns: {max_turns}\n  max_encode_tokens: 384\n"
-                    f"  thinker_max_tokens: 32\n  verifier_max_tokens: 16\n")
+                    f"  thinker_max_tokens: 32\n  verifier_max_tokens: 16\n  feature_norm: standardize\n")
     return path
 
 
-def write_checkpoint(stem: Path, members=MEMBERS, model: int = 0, role: int = 0) -> Path:
-    """A checkpoint whose head always picks member `model` and role `role` (0 Thinker, 1 Worker, 2 Verifier)."""
+def write_checkpoint(stem: Path, members=MEMBERS, model: int = 0, role: int = 0, encoder: str | None = None) -> Path:
+    """A checkpoint whose head always picks member `model` and role `role` (0 Thinker, 1 Worker, 2 Verifier).
+    `encoder`: the encoder id it names (None: it names none, and is played with the encoder the params configure;
+    its id depends on the installed transformers, so a test that has the encoder loaded passes its id)."""
     n = len(members)
     W = np.zeros((n + 3, HIDDEN + 1))
     W[model, -1] = 1.0
     W[n + role, -1] = 1.0
     save_checkpoint(stem, W.ravel(), {
-        "pool": [{"name": m} for m in members], "encoder": "smollm2-135m-instruct",
+        "pool": [{"name": m} for m in members], **({"encoder": encoder} if encoder is not None else {}),
         "features": {"norm": "standardize", "mean": [0.0] * HIDDEN, "scale": [1.0] * HIDDEN, "bias": 1.0}})
     return stem
 

@@ -33,7 +33,7 @@ def test_paper_parameter_count():
 def test_svf_candidates_train_with_their_own_states(tmp_path):
     from trinity.grading import grade
     from trinity.pool.runtime import build_pool
-    from trinity.stages.common import make_encoder
+    from trinity.coordinator.policy import make_encoder
 
     s = Settings.model_validate(SETTINGS)
     encoder = make_encoder(s)

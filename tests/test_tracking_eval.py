@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from trinity.config import load_settings
+from trinity.evaluation.results import EvalResults
 from trinity.ops.tracking import StageRun, artifact_name, log_eval_results, wandb_group
 
 KEY_ENV = "TRINITY_TRACKING_TEST_CRED"  # a name redact would not guess: only the pool registration catches it
@@ -173,7 +174,7 @@ def test_eval_results_tables_summary_plots_artifacts_and_lineage(env, tmp_path, 
             assert run.use_artifact("prepared data", "dataset") is None
             assert run.use_artifact("checkpoint", "model") is None
             assert run.use_artifact("checkpoint", "model") is None  # declared once
-        log_eval_results(run, results, plots)
+        log_eval_results(run, EvalResults.from_dict(results), plots)
         art = run.log_artifact("eval results/v1:x", "eval", [eval_dir / "results.json", eval_dir / "episodes.jsonl",
                                                             ckpt], metadata={"n_items": 5, "wall_s": float("nan")})
     finally:
@@ -253,7 +254,7 @@ def test_a_secret_reaches_no_file_of_the_run(env, tmp_path, monkeypatch):
     (tmp_path / "blob.bin").write_bytes(b"\x00\x01binary")
 
     with StageRun(env, "evaluate", root=tmp_path) as run:
-        log_eval_results(run, results, None)
+        log_eval_results(run, EvalResults.from_dict(results), None)
         run.table("eval/extra", ["method", "detail"], [["trinity", f"error: {key}"]])
         with pytest.warns(UserWarning, match="secrets redacted"):
             run.log_artifact("eval", "eval", [leaky, tmp_path / "blob.bin"],

@@ -13,10 +13,10 @@ import pytest
 
 from test_tracking_eval import BENCHMARKS, _finished_records, env, make_results, write_plot  # noqa: F401
 from trinity import cli
-from trinity.stages import common as stage_common, paths as stage_paths, run_stage
 from trinity.stages.evolve import generation_logger
 from trinity.evolve.sep_cma import GenerationRecord
 from trinity.evaluation.report import PLOTS
+from trinity.evaluation.results import EvalResults
 from trinity.ops.tracking import GROUP_ENV, StageRun, log_eval_results
 from trinity.ops.wandb_report import FITNESS_KEYS, ReportInputError, publish, publish_if_online
 
@@ -45,7 +45,7 @@ def log_pipeline(settings, root: Path, group: str) -> None:
             for g in range(2):
                 on_generation(_generation(g))
         with StageRun(settings, "evaluate", root=root) as run:
-            log_eval_results(run, make_results(), None)
+            log_eval_results(run, EvalResults.from_dict(make_results()), None)
         plots = root / "reports" / "plots"
         with StageRun(settings, "report", root=root) as run:
             for stem, _ in PLOTS:

@@ -59,7 +59,8 @@ def _load_coordinator(root: Path, params: Path, checkpoint: Path | None, store: 
     """Coordinator.load, with what fails while loading (params, checkpoint, a pool member's missing key, the encoder,
     a store another process writes) turned into exit code 2 and a one-line message."""
     from trinity.config import ConfigError
-    from trinity.serving.conversation import CheckpointError, Coordinator
+    from trinity.coordinator.policy import CheckpointError
+    from trinity.serving.conversation import Coordinator
     from trinity.pool.errors import PoolConfigError
 
     ckpt, store_path = _paths(root, checkpoint, store)
@@ -199,7 +200,7 @@ def stage(
 ) -> None:
     """Run one pipeline stage without W&B (and without Prefect, unless evolve.task_runner is 'dask'); prints its
     summary as JSON."""
-    from trinity.stages import common as stage_common, paths as stage_paths, run_stage
+    from trinity.stages import paths as stage_paths, run_stage
     from trinity.config import ConfigError, load_settings
 
     _retry(retry_failures)
@@ -231,12 +232,13 @@ def report(
     root = root.resolve()
     if not wandb:
         from trinity.evaluation.report import write_report
+        from trinity.evaluation.results import ResultsFormatError
         from trinity.stages.paths import Paths
 
         p = Paths(root)
         try:
             written = write_report(p.eval_dir, p.evolve_dir, p.checkpoint.with_suffix(".json"), p.reports)
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ResultsFormatError) as e:
             _fail(str(e))
         for name, path in written.items():
             print(f"{name}: {path}")

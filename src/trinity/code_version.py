@@ -24,7 +24,7 @@ A pure refactor (same behaviour, different code) can be declared compatible on p
 
 with a comment saying what was refactored. The declared version is then used in its place (chains are
 followed), so the runs of the old code resume. Declaring a behaviour change compatible is a lie the
-results will carry: the test suite's reference episodes (tests/test_episode_hotpath.py) are the check.
+results will carry: the test suite's pinned episodes (tests/test_episode_pinned.py) are the check.
 """
 from __future__ import annotations
 

@@ -10,10 +10,16 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+
+def _temp_beside(path: Path) -> Path:
+    """A unique temporary name in `path`'s directory (so the final rename stays on one filesystem). Files are
+    created there with the process umask, as a plain open() would (not mkstemp's 0600)."""
+    return path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp"
 
 
 @contextlib.contextmanager
@@ -22,13 +28,30 @@ def atomic_open(path: Path | str, mode: str = "w", fsync: bool = False, **kw) ->
     removed and `path` is untouched). `fsync`: flush to disk before the rename (resume state)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _temp_beside(path)
     try:
-        with os.fdopen(fd, mode, **kw) as f:
+        with open(tmp, mode.replace("w", "x"), **kw) as f:
             yield f
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """A temporary path beside `path`, for writers that take a file name rather than a file object (DuckDB's
+    COPY, a parquet writer): on a clean exit it replaces `path` (on an error it is removed and `path` is
+    untouched). The temporary file exists (empty) when the block starts; the writer overwrites it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_beside(path)
+    tmp.touch(exist_ok=False)
+    try:
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

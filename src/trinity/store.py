@@ -39,6 +39,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from trinity.files import atomic_open, atomic_path
 from trinity.records import ChatMessage, ChatResponse, SamplingParams, stable_hash
 
 _SCHEMA = """
@@ -308,12 +309,9 @@ class Store:
             self.unsaved_writes += len(keys)
             self._mem_states.update({(encoder_id, k): v for k, v in zip(keys, vectors)})
             return
-        self.segments_dir.mkdir(parents=True, exist_ok=True)
         name = f"{uuid.uuid4().hex}.npy"
-        tmp = self.segments_dir / f".{name}.tmp"
-        with open(tmp, "wb") as f:
+        with atomic_open(self.segments_dir / name, "wb") as f:
             np.save(f, vectors)
-        os.replace(tmp, self.segments_dir / name)
         tbl = pa.table({
             "encoder_id": pa.array([encoder_id] * len(keys), pa.string()),
             "key": pa.array(list(keys), pa.string()),
@@ -382,12 +380,11 @@ class Store:
             if t not in present:  # a store written before this table existed, opened read-only
                 continue
             p = out_dir / f"{t}.parquet"
-            tmp = p.with_suffix(".parquet.tmp")
-            if t == "states":
-                self._export_states(tmp)
-            else:
-                self.con.execute(f"COPY (SELECT * FROM {t} ORDER BY ALL) TO '{tmp}' (FORMAT PARQUET)")
-            tmp.replace(p)
+            with atomic_path(p) as tmp:
+                if t == "states":
+                    self._export_states(tmp)
+                else:
+                    self.con.execute(f"COPY (SELECT * FROM {t} ORDER BY ALL) TO '{tmp}' (FORMAT PARQUET)")
             paths[t] = p
         return paths
 

@@ -25,17 +25,13 @@ A bundled GGUF id is dequantised through transformers' GGUF reader once and the 
 (save_pretrained) under ~/.cache/trinity/models/hf/<id>/ (env TRINITY_MODEL_CACHE moves the root);
 later loads read that copy. `encoder_id` names model, conversion, feature config and adapter; it is
 the key of the hidden-state store. Not thread-safe: one encoder per process/thread.
+
+Loading (GGUF → torch, dtype, threads) is in `encoder_loading`, the caches and the prefix lookup in
+`prefix_cache`, the SVF decomposition and scaling in `svf`.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import shutil
-import tempfile
-from collections import OrderedDict
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, Sequence
 
 import numpy as np
@@ -46,259 +42,28 @@ import numpy as np
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
-from trinity.pool import bundled  # noqa: E402
+from trinity.coordinator.encoder_loading import (  # noqa: E402
+    ENCODER_DTYPES, EncoderDtype, EncoderError, LoadedModel, hf_cache_root, load_causal_lm, num_threads_from_env,
+    resolve_dtype,
+)
+from trinity.coordinator.prefix_cache import LRU, PrefixEntry, find_prefix  # noqa: E402
+from trinity.coordinator.svf import SVFMatrix, adapter_key, apply_delta, decompose_block  # noqa: E402
 
 Pooling = Literal["penultimate", "last", "mean"]
 POOLINGS: tuple[str, ...] = ("penultimate", "last", "mean")
-EncoderDtype = Literal["auto", "float32", "bfloat16"]
-ENCODER_DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
 
 # Architectures whose decoder forward is embed → rotary → blocks → norm with no extra scaling; for these
 # the encoder runs the blocks itself (needed for SVF's partial recompute and for stopping at an early
 # feature layer). Any other causal LM goes through its own `model.model(...)` forward.
 _BLOCK_LOOP_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-_CONVERSION_MARKER = "trinity-conversion.json"
 _DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 _DEFAULT_RESIDUAL_CACHE_BYTES = 256 << 20
 _DTYPE_TAGS = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
-
-class EncoderError(RuntimeError):
-    pass
-
-
-def resolve_dtype(dtype: str) -> torch.dtype:
-    """"float32" | "bfloat16" | "auto": bfloat16 where oneDNN has native bf16 kernels (AVX512-BF16 / AMX),
-    about 2x faster than fp32 there with features within ~1e-4 cosine of fp32; fp32 elsewhere (bf16 is
-    emulated, and slower, on CPUs without those instructions)."""
-    if dtype == "float32":
-        return torch.float32
-    if dtype == "bfloat16":
-        return torch.bfloat16
-    if dtype == "auto":
-        try:
-            native = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        except (AttributeError, RuntimeError):
-            native = False
-        return torch.bfloat16 if native else torch.float32
-    raise ValueError(f"dtype must be one of {ENCODER_DTYPES}, got {dtype!r}")
-
-
-def num_threads_from_env(default: int = 2) -> int:
-    """Torch CPU threads: env TRINITY_TORCH_THREADS, else `default` (the project's machines have 2 cores)."""
-    raw = os.environ.get("TRINITY_TORCH_THREADS")
-    if raw is None:
-        return default
-    try:
-        n = int(raw)
-    except ValueError:
-        raise EncoderError(f"TRINITY_TORCH_THREADS must be a positive integer, got {raw!r}") from None
-    if n < 1:
-        raise EncoderError(f"TRINITY_TORCH_THREADS must be a positive integer, got {raw!r}")
-    return n
-
-
-# ----------------------------------------------------------------------------------------------------
-# Loading
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    model: torch.nn.Module
-    tokenizer: object
-    model_key: str
-    """Which weights: id/path plus a content fingerprint."""
-    conversion: str
-    """How they became the fp32 torch module (e.g. GGUF dequantised by transformers x.y)."""
-
-
-def hf_cache_root() -> Path:
-    return bundled.cache_dir() / "hf"
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _gguf_source(model: str) -> tuple[str, Path, str] | None:
-    """(cache name, gguf path, sha256) for a bundled id or a .gguf path; None for HF models."""
-    if model in bundled.BUNDLED:
-        path = bundled.model_path(model)  # assembles and hash-checks the parts
-        marker = path.with_suffix(path.suffix + ".sha256")
-        sha = marker.read_text().strip() if marker.exists() else _file_sha256(path)
-        return model, path, sha
-    p = Path(model).expanduser()
-    if p.suffix == ".gguf" and p.is_file():
-        sha = _file_sha256(p)
-        return f"{p.stem}-{sha[:12]}", p, sha
-    return None
-
-
-def _convert_gguf(gguf: Path, out: Path, sha: str) -> None:
-    """Dequantise a GGUF to an fp32 HF checkpoint at `out` (atomically: temp dir, then rename)."""
-    import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    # `from_pretrained(gguf_file=...)` needs accelerate; the same transformers GGUF reader is used
-    # directly instead: config and tokenizer from the file's metadata, tensors dequantised to fp32.
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)
-    tensors = {k: torch.as_tensor(v, dtype=torch.float32) for k, v in parsed["tensors"].items()}
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    if unexpected or set(missing) - tied:
-        raise EncoderError(
-            f"GGUF {gguf} does not map onto {type(model).__name__}: missing {sorted(set(missing) - tied)}, "
-            f"unexpected {sorted(unexpected)}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    os.chmod(tmp, 0o755)
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / _CONVERSION_MARKER).write_text(json.dumps({
-            "source": gguf.name, "source_sha256": sha, "dtype": "float32",
-            "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-        }, indent=1) + "\n")
-        if out.exists():
-            shutil.rmtree(out, ignore_errors=True)
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            # Another process finished the same conversion first; its copy is as good as ours.
-            if not (out / _CONVERSION_MARKER).exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _dir_fingerprint(d: Path) -> str:
-    h = hashlib.sha256()
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
-        f = d / name
-        if f.exists():
-            h.update(name.encode() + b"\0" + f.read_bytes())
-    for f in sorted(d.glob("*.safetensors")) + sorted(d.glob("*.bin")):
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
-    return h.hexdigest()[:12]
-
-
-def load_causal_lm(model: str, attn_implementation: str = "sdpa") -> LoadedModel:
-    """Load `model` (bundled GGUF id, .gguf path, local HF directory or hub id) as fp32 CPU modules."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    src = _gguf_source(model)
-    if src is not None:
-        name, gguf, sha = src
-        out = hf_cache_root() / name
-        marker = out / _CONVERSION_MARKER
-        meta = json.loads(marker.read_text()) if marker.exists() else None
-        if meta is None or meta.get("source_sha256") != sha:
-            _convert_gguf(gguf, out, sha)
-            meta = json.loads(marker.read_text())
-        path, model_key = out, f"{name}@sha256:{sha[:16]}"
-        conversion = f"gguf-dequant-tf{meta['transformers']}"
-    else:
-        p = Path(model).expanduser()
-        if p.is_dir():
-            path, model_key, conversion = p, f"{p.resolve().name}@{_dir_fingerprint(p)}", "hf"
-        else:
-            path, model_key, conversion = model, model, "hf"  # hub id; revision appended below
-    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
-    tok = AutoTokenizer.from_pretrained(path)
-    if src is None and not Path(str(path)).is_dir():
-        commit = getattr(lm.config, "_commit_hash", None)
-        model_key = f"{model}@{commit[:12]}" if commit else model
-    lm.eval()
-    lm.requires_grad_(False)
-    return LoadedModel(lm, tok, model_key, conversion)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Caches
-
-
-@dataclass
-class _PrefixEntry:
-    ids: np.ndarray
-    kv: list[tuple[torch.Tensor, torch.Tensor]]
-    """Keys/values of the frozen blocks, each [1, kv_heads, n, head_dim]."""
-    residual: torch.Tensor | None
-    """SVF: the stream at the adapted block's input, [n, d]."""
-    states: torch.Tensor | None
-    """Mean pooling without SVF: the feature-layer states of every token, [n, d]."""
-
-
-class _LRU:
-    """OrderedDict with a bound on entries and on a per-entry size (tokens)."""
-
-    def __init__(self, max_entries: int, max_size: int):
-        self.max_entries, self.max_size = max_entries, max_size
-        self.items: OrderedDict[bytes, tuple[object, int]] = OrderedDict()
-        self.size = 0
-
-    def get(self, key):
-        hit = self.items.get(key)
-        if hit is None:
-            return None
-        self.items.move_to_end(key)
-        return hit[0]
-
-    def put(self, key, value, size: int) -> None:
-        self.pop(key)
-        self.items[key] = (value, size)
-        self.size += size
-        while self.items and (len(self.items) > self.max_entries or self.size > self.max_size):
-            _, (_, s) = self.items.popitem(last=False)
-            self.size -= s
-
-    def pop(self, key) -> None:
-        old = self.items.pop(key, None)
-        if old is not None:
-            self.size -= old[1]
-
-    def clear(self) -> None:
-        self.items.clear()
-        self.size = 0
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    m = min(len(a), len(b))
-    eq = a[:m] == b[:m]
-    return m if bool(eq.all()) else int(np.argmin(eq))
-
-
-# ----------------------------------------------------------------------------------------------------
-# SVF
-
-
-@dataclass
-class _SVFMatrix:
-    name: str
-    param: torch.nn.Parameter
-    w0: torch.Tensor
-    u: torch.Tensor
-    s: torch.Tensor  # float64
-    vh: torch.Tensor
-
-    @property
-    def size(self) -> int:
-        return int(self.s.numel())
-
-
-# ----------------------------------------------------------------------------------------------------
-# The encoder
+__all__ = [
+    "ENCODER_DTYPES", "POOLINGS", "EncoderDtype", "EncoderError", "LoadedModel", "Pooling", "TranscriptEncoder",
+    "hf_cache_root", "load_causal_lm", "num_threads_from_env", "resolve_dtype",
+]
 
 
 class TranscriptEncoder:
@@ -374,7 +139,7 @@ class TranscriptEncoder:
                           and prefix_cache_entries > 0)
 
         # SVF
-        self._svf: list[_SVFMatrix] = []
+        self._svf: list[SVFMatrix] = []
         self._svf_layer: int | None = None
         if svf_layer is not None:
             if not self._block_loop:
@@ -388,7 +153,7 @@ class TranscriptEncoder:
                 raise ValueError(f"svf_layer {k} is not below the feature layer (hidden_states[{self._h}]); "
                                  f"its scales would not change the feature")
             self._svf_layer = k
-            self._init_svf(k, svf_matrices)
+            self._svf = decompose_block(self._base.layers[k], k, svf_matrices)
         self._svf_delta = np.zeros(self.svf_num_params, dtype=np.float32)
         self._adapter_key = ""
 
@@ -405,9 +170,9 @@ class TranscriptEncoder:
             prefix_cache_tokens = _DEFAULT_PREFIX_CACHE_BYTES // max(self.kv_bytes_per_token, 1)
         if residual_cache_tokens is None:
             residual_cache_tokens = _DEFAULT_RESIDUAL_CACHE_BYTES // (itemsize * self._dim)
-        self._prefix = _LRU(max(prefix_cache_entries, 0), prefix_cache_tokens)
-        self._residuals = _LRU(1 << 30, residual_cache_tokens)
-        self._features = _LRU(feature_cache_entries, feature_cache_entries)
+        self._prefix = LRU(max(prefix_cache_entries, 0), prefix_cache_tokens)
+        self._residuals = LRU(1 << 30, residual_cache_tokens)
+        self._features = LRU(feature_cache_entries, feature_cache_entries)
         self._stats = dict.fromkeys(("texts", "tokens", "feature_hits", "residual_hits", "prefix_hits",
                                      "tokens_reused", "tokens_computed", "upper_tokens"), 0)
 
@@ -458,19 +223,6 @@ class TranscriptEncoder:
 
     # -- SVF ---------------------------------------------------------------------------------------
 
-    def _init_svf(self, k: int, names: Sequence[str] | None) -> None:
-        block = self._base.layers[k]
-        linears = {n: m for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)}
-        chosen = list(linears) if names is None else list(names)
-        unknown = [n for n in chosen if n not in linears]
-        if unknown or not chosen:
-            raise ValueError(f"svf_matrices {unknown or chosen} not among block {k}'s linears {list(linears)}")
-        with torch.no_grad():
-            for n in chosen:
-                w = linears[n].weight
-                u, s, vh = torch.linalg.svd(w.detach().double(), full_matrices=False)
-                self._svf.append(_SVFMatrix(n, w, w.detach().clone(), u.float(), s, vh.float()))
-
     @property
     def svf_num_params(self) -> int:
         return sum(m.size for m in self._svf)
@@ -493,28 +245,9 @@ class TranscriptEncoder:
             raise ValueError(f"delta must have {self.svf_num_params} values, got shape {np.shape(delta)}")
         if not np.all(np.isfinite(d)):
             raise ValueError("delta has non-finite values")
-        off = 0
-        with torch.no_grad():
-            for m in self._svf:
-                dm = torch.from_numpy(d[off:off + m.size].astype(np.float64))
-                off += m.size
-                if not torch.any(dm):
-                    m.param.copy_(m.w0)
-                    continue
-                scaled = m.s * (1.0 + dm)
-                total = scaled.sum()
-                if not total > 0:
-                    raise ValueError(f"delta makes the singular values of {m.name} sum to {float(total)} <= 0")
-                s_new = scaled * (m.s.sum() / total)
-                corr = (m.u * (s_new - m.s).float()) @ m.vh
-                m.param.copy_((m.w0.float() + corr).to(m.param.dtype))  # one rounding to the weight dtype
+        apply_delta(self._svf, d)
         self._svf_delta = d.copy()
-        if np.any(d):
-            spec = json.dumps({"layer": self._svf_layer, "matrices": [m.name for m in self._svf]})
-            h = hashlib.sha256(spec.encode() + d.tobytes()).hexdigest()[:16]
-            self._adapter_key = f"svf{self._svf_layer}-{h}"
-        else:
-            self._adapter_key = ""
+        self._adapter_key = adapter_key(self._svf_layer, self._svf, d)
 
     # -- tokens --------------------------------------------------------------------------------------
 
@@ -582,7 +315,8 @@ class TranscriptEncoder:
             st["residual_hits"] += 1
         else:
             use_prefix = reuse and self._reuse_ok
-            p, entry = self._find_prefix(ids, max_p=n if svf else n - min(2, n)) if use_prefix else (0, None)
+            p, entry = (find_prefix(self._prefix, ids, max_p=n if svf else n - min(2, n), chunk=self._chunk)
+                        if use_prefix else (0, None))
             if entry is not None and p == n:  # SVF: same tokens, residual still in the prefix entry
                 x = entry.residual[:0]
                 cache = None
@@ -602,7 +336,7 @@ class TranscriptEncoder:
                 if entry is not None and p == len(entry.ids):
                     self._prefix.pop(entry.ids.tobytes())  # superseded: the new entry extends it
                 kv = [(cache.layers[i].keys, cache.layers[i].values) for i in range(self._n_frozen)]
-                self._prefix.put(key, _PrefixEntry(ids, kv, residual if svf else None,
+                self._prefix.put(key, PrefixEntry(ids, kv, residual if svf else None,
                                                    states if self.pooling == "mean" else None), n)
             if svf and reuse:
                 self._residuals.put(key, residual, n)
@@ -631,27 +365,7 @@ class TranscriptEncoder:
             v = states[pos - offset]
         return v.to(torch.float32).numpy().copy()
 
-    def _find_prefix(self, ids: np.ndarray, max_p: int) -> tuple[int, _PrefixEntry | None]:
-        best, best_p = None, 0
-        for _, (entry, _) in reversed(self._prefix.items.items()):  # most recent first wins ties
-            p = _common_prefix(entry.ids, ids)
-            if p > best_p:
-                best, best_p = entry, p
-        if best is None:
-            return 0, None
-        n = len(ids)
-        if best_p == n == len(best.ids) and max_p >= n:
-            p = n  # the very same tokens (SVF: the whole residual is reused as it was computed)
-        else:
-            # Reuse whole chunks only: a chunk's states then come from the same computation as in a full
-            # encode (same tokens, same shapes, same cached keys/values), bit for bit.
-            p = min(best_p, max_p) // self._chunk * self._chunk
-        if p <= 0:
-            return 0, None
-        self._prefix.get(best.ids.tobytes())  # mark as recently used
-        return p, best
-
-    def _cache_from(self, entry: _PrefixEntry | None, p: int):
+    def _cache_from(self, entry: PrefixEntry | None, p: int):
         cache = self._DynamicCache(config=self._config)
         if entry is not None and p > 0:
             for layer, (k, v) in zip(cache.layers, entry.kv):

@@ -1,17 +1,21 @@
 """Episodes: the coordinator routes a task through the pool turn by turn.
 
-Many episodes (a whole CMA-ES population × a minibatch of tasks) are played together, one turn at a
-time: every active episode's transcript is encoded in one batch (states already stored cost nothing),
-every episode picks its (model, role), and all the resulting pool requests go out together. Requests
-already in the response store, or shared by several episodes, cost no call — so the population walks
-one memoised rollout tree per task.
+Many episodes (a whole CMA-ES population x a minibatch of tasks) are played together, one turn at a time.
+`play_episodes` reads top to bottom as the method does, for every active episode at once:
 
-On stored trees a generation is bookkeeping, so the loop is written for it (`RolloutTrees`): each node
-(transcript) keeps its state-store key — extended from its parent's hash state, never re-rendered — its
-role prompts, its edges' response keys and parsed replies, and its grade; a turn is one head product per
-candidate and one vectorised draw; picks are drawn exactly as `Generator.choice(n, p)` would. Results are
-those of the straightforward loop (tests/reference_episode.py; tests/test_episode_hotpath.py checks it).
-With SVF, each candidate's transcripts are encoded under its own adapter (episodes grouped by candidate).
+1. encode  — the hidden state of each transcript (`StateCache`: memory, then the store, then the encoder, in
+             one batch; with SVF each candidate's transcripts under its own adapter);
+2. pick    — the head's model and role distributions (z = W h: one matrix product per candidate), and the
+             (model, role) drawn from them with the episode's own generator (`Generator.choice`, model first,
+             then role) or their argmax; a Thinker's suggested role overrides the drawn role;
+3. call    — every request of the turn in one `pool.complete_many` (stored or shared requests cost no call);
+4. parse   — each reply becomes a `Turn` (`roles.turn_of`); an ACCEPT or `max_turns` ends the episode;
+5. grade   — the episode's answer (`roles.latest_answer`), once it has ended;
+6. reward  — `shaped_reward`: correctness + diversity bonus − turn penalty − cost.
+
+Memoisation is a layer under the loop, not part of it: `RolloutTrees` remembers, for the whole run, each
+request's messages and store key and each answer's grade (a population walks the same rollout tree of every
+task again and again), so a generation on stored trees costs lookups. Results are the same with or without it.
 
 An outage is not a sample (README, "An outage is not a sample"): an episode one of whose calls failed transiently
 (`Turn.failure == "transient"`) is marked `outage` and gets no reward (None, never 0 or a diversity bonus); its
@@ -21,8 +25,6 @@ call is paid for an episode that cannot count.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import math
 from collections import Counter, OrderedDict
@@ -33,10 +35,10 @@ import numpy as np
 
 from trinity.config import RewardSettings
 from trinity.coordinator.head import softmax
-from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, forced_role, is_answer, latest_answer,
+from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, forced_role, latest_answer,
                                       role_messages, turn_of)
-from trinity.coordinator.streams import EpisodeStream, episode_streams
-from trinity.records import ChatMessage, Task, stable_hash
+from trinity.pool.runtime import Request
+from trinity.records import Task, stable_hash
 from trinity.store import Store, text_key
 
 
@@ -49,10 +51,6 @@ class OutageError(RuntimeError):
 def is_outage(turn: Turn) -> bool:
     """Whether a turn is an outage: a call that failed for the provider's reasons, not the request's."""
     return turn.failure == "transient"
-
-
-ROLE_VALUE = {r: r.value for r in Role}
-"""Role → its string (an Enum's .value is a descriptor call: measurable in the per-pick loops)."""
 
 
 class StateCache:
@@ -138,98 +136,13 @@ class StateCache:
         return np.stack([mem[k] for k in keys]) if len(keys) else np.zeros((0, self.encoder.dim), np.float32)
 
 
-def _json_escaped(text: str) -> bytes:
-    """`text` as it appears inside its JSON string literal: the piece of `text_key` input it contributes.
-    JSON escaping is per character, so the escaped form of a concatenation is the concatenation."""
-    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
-
-
-class _Edge:
-    """A (model, role) step out of a node: its request (memoised) and, once answered, its reply."""
-
-    __slots__ = ("model", "role", "messages", "key", "resp", "turn", "child")
-
-    def __init__(self, model: int, role: Role, messages: list[ChatMessage], key: str):
-        self.model, self.role, self.messages, self.key = model, role, messages, key
-        self.resp = self.turn = self.child = None
-
-
-class _Node:
-    """One transcript of a task's rollout tree. Everything a visit needs is computed once per node:
-    the state-store key (extended incrementally from the parent's hash state, never re-rendering the
-    whole transcript), the prompts of each role, the response-store key of each (model, role) edge,
-    and the grade of its latest answer."""
-
-    __slots__ = ("key", "_hasher", "answer", "children", "edges", "_messages", "grades")
-
-    def __init__(self, hasher, answer: str | None):
-        self._hasher = hasher
-        h = hasher.copy()
-        h.update(b'"')
-        self.key = h.hexdigest()
-        self.answer = answer  # roles.latest_answer of the path, kept incrementally (what is graded)
-        self.children: dict[tuple[Role, str, bool], _Node] = {}
-        self.edges: dict[tuple[int, Role], _Edge] = {}
-        self._messages: dict[Role, list[ChatMessage]] = {}
-        self.grades: dict = {}
-
-    def child(self, turn: Turn) -> "_Node":
-        k = (turn.role, turn.text, turn.ok)
-        c = self.children.get(k)
-        if c is None:
-            h = self._hasher.copy()
-            h.update(_json_escaped(f"\n\n{turn.role.value}: {turn.text}"))
-            answer = turn.text if is_answer(turn) else self.answer
-            c = self.children[k] = _Node(h, answer)
-        return c
-
-    def edge(self, model: int, role: Role, task: Task, turns: tuple[Turn, ...], pool) -> _Edge:
-        e = self.edges.get((model, role))
-        if e is None:
-            msgs = self._messages.get(role)
-            if msgs is None:
-                msgs = self._messages[role] = role_messages(role, task, turns)
-            e = self.edges[(model, role)] = _Edge(model, role, msgs, pool.key(model, msgs, role.value))
-        return e
-
-
-class RolloutTrees:
-    """The memoised rollout trees a population walks: one per task, nodes = transcripts, edges = (model,
-    role). Kept for a whole run (pass the same object to every `play_episodes` call), so a generation on
-    stored trees costs dictionary lookups and matrix products. The request keys it memoises belong to one
-    pool configuration (model ids and sampling); binding another pool starts afresh.
-    """
-
-    def __init__(self):
-        self._roots: dict[Task, _Node] = {}
-        self._pool_signature = None
-
-    def bind(self, pool) -> None:
-        sig = pool.signature() if hasattr(pool, "signature") else id(pool)
-        if sig != self._pool_signature:
-            self._roots.clear()
-            self._pool_signature = sig
-
-    def node(self, task: Task, turns: tuple[Turn, ...] = ()) -> _Node:
-        n = self._roots.get(task)
-        if n is None:
-            h = hashlib.sha256(b'"')
-            h.update(_json_escaped(coordinator_text(task, ())))
-            n = self._roots[task] = _Node(h, None)
-        for t in turns:
-            n = n.child(t)
-        return n
-
-    def __len__(self) -> int:
-        return len(self._roots)
-
-
 @dataclass
 class Episode:
     task: Task
     candidate: int
-    rng: EpisodeStream | np.random.Generator | None
-    """Seeded stream for sampling picks (only `random()` is used); None → argmax policy."""
+    rng: np.random.Generator | None
+    """The generator the picks are drawn from (`episode_rng`: fixed by seed, generation, candidate, task);
+    None → the argmax policy."""
     turns: tuple[Turn, ...] = ()
     picks: list[tuple[int, Role]] = field(default_factory=list)
     forced_role: Role | None = None
@@ -246,7 +159,6 @@ class Episode:
     """With keep_features: the hidden state each pick was made from (for policy gradients)."""
     forced: list[bool] = field(default_factory=list, repr=False)
     """With keep_features: whether each pick's role was the Thinker's override (not the head's draw)."""
-    node: _Node | None = field(default=None, repr=False, compare=False)
 
     @property
     def answer(self) -> str | None:
@@ -256,52 +168,32 @@ class Episode:
 
     @property
     def path(self) -> list[list[str]]:
-        return [[str(m), ROLE_VALUE[r]] for m, r in self.picks]
+        return [[str(m), r.value] for m, r in self.picks]
 
     @property
     def path_json(self) -> str:
-        """json.dumps(self.path), memoised per path (a population repeats the same paths)."""
-        return _path_json(tuple(self.picks))
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _seed_int(part: str) -> int:
-    return int(stable_hash(part)[:12], 16)
-
-
-def _seed_parts(parts: Sequence[int | str]) -> tuple[int, ...]:
-    return tuple(int(p) if isinstance(p, int) else _seed_int(p) for p in parts)
+        """The path as the store's episodes table and the traces keep it."""
+        return json.dumps(self.path)
 
 
 def episode_rng(*seed_parts: int | str) -> np.random.Generator:
-    """A generator fixed by (seed, generation, candidate, task...): resumable and order-independent."""
-    return np.random.default_rng(list(_seed_parts(seed_parts)))
+    """A generator fixed by (seed, generation, candidate, task...): resumable and order-independent. A string
+    part (a task id) enters as the first 48 bits of its stable hash."""
+    return np.random.default_rng([int(p) if isinstance(p, int) else int(stable_hash(p)[:12], 16)
+                                  for p in seed_parts])
 
 
-def episode_rngs(seed_parts: Sequence[Sequence[int | str]]) -> list[EpisodeStream]:
-    """`episode_rng` for a whole generation at once: streams whose `random()` draws are exactly those of
-    the generators `episode_rng` would build (coordinator/streams.py), ~1 ms for 512 instead of ~10."""
-    return episode_streams([_seed_parts(p) for p in seed_parts])
-
-
-def model_pick_entropy(picks: Sequence[tuple[int, Role]]) -> float:
-    return _entropy_of(tuple(m for m, _ in picks))
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _path_json(picks: tuple[tuple[int, Role], ...]) -> str:
-    return json.dumps([[str(m), ROLE_VALUE[r]] for m, r in picks])
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _entropy_of(models: tuple[int, ...]) -> float:
-    return entropy_of_counts(list(Counter(models).values()))
-
+# ---------------------------------------------------------------------------------------------------- reward
 
 def entropy_of_counts(counts: Sequence[int]) -> float:
     """Entropy (nats) of a distribution given by counts (e.g. how often each model was picked)."""
     n = sum(counts)
     return max(0.0, -sum(c / n * math.log(c / n) for c in counts if c)) if n else 0.0
+
+
+def model_pick_entropy(picks: Sequence[tuple[int, Role]]) -> float:
+    """Entropy of the models an episode picked: the diversity bonus's measure."""
+    return entropy_of_counts(list(Counter(m for m, _ in picks).values()))
 
 
 def episode_cost(ep: Episode, unit: str) -> float:
@@ -328,6 +220,57 @@ def shaped_reward(ep: Episode, max_turns: int, w: RewardSettings) -> float | Non
             - (w.cost_weight * episode_cost(ep, w.cost_unit) if w.cost_weight else 0.0))
 
 
+# ---------------------------------------------------------------------------------------------------- memo
+
+class RolloutTrees:
+    """The rollout trees a run walks, remembered: a population plays the same transcripts (the nodes of each
+    task's tree) again and again, so what a node's step costs to derive is derived once per run — the request
+    of each (transcript, model, role) edge (its role messages and response-store key) and the grade of each
+    answer. Pass the same object to every `play_episodes` call of a run. A pure cache: the loop computes the
+    same things without it. The request keys belong to one pool configuration (model ids and sampling);
+    binding another pool forgets them.
+    """
+
+    def __init__(self):
+        self._requests: dict[tuple, Request] = {}
+        self._grades: dict[tuple, float] = {}
+        self._pool_signature = None
+
+    def bind(self, pool) -> None:
+        sig = pool.signature() if hasattr(pool, "signature") else id(pool)
+        if sig != self._pool_signature:
+            self._requests.clear()
+            self._pool_signature = sig
+
+    def request(self, pool, task: Task, turns: tuple[Turn, ...], model: int, role: Role) -> Request:
+        """What member `model` is asked in `role` after `turns`: `roles.role_messages` under its store key."""
+        k = (task, turns, model, role)
+        r = self._requests.get(k)
+        if r is None:
+            messages = role_messages(role, task, turns)
+            r = self._requests[k] = Request(model, role.value, pool.key(model, messages, role.value), messages)
+        return r
+
+    def grade(self, grade: Callable[[Task, str], float], task: Task, answer: str) -> float:
+        """`grade(task, answer)` as a float (each distinct answer graded once per run)."""
+        k = (grade, task, answer)
+        g = self._grades.get(k)
+        if g is None:
+            g = self._grades[k] = float(grade(task, answer))
+        return g
+
+
+# ---------------------------------------------------------------------------------------------------- the loop
+
+def pick(rng: np.random.Generator | None, p_model: np.ndarray, p_role: np.ndarray) -> tuple[int, int]:
+    """(model, role index) from the head's two distributions: drawn with the episode's generator — the model
+    first, then the role, one `Generator.choice` each (one uniform each, inverse CDF) — or, when rng is None,
+    the argmax of each."""
+    if rng is None:
+        return int(np.argmax(p_model)), int(np.argmax(p_role))
+    return int(rng.choice(len(p_model), p=p_model)), int(rng.choice(len(p_role), p=p_role))
+
+
 async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray], pool, states: StateCache,
                         max_turns: int, reward: RewardSettings, grade: Callable[[Task, str], float], *,
                         adapters: Sequence[np.ndarray] | None = None, trees: RolloutTrees | None = None,
@@ -336,66 +279,40 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
 
     adapters: SVF scales per candidate (`adapters[c]`); each candidate's transcripts are then encoded with
         its own δ (episodes grouped by candidate). None = one encoder for everyone.
-    trees: the run's memoised rollout trees (a fresh one if None: memoisation within this call only).
+    trees: the run's memo (`RolloutTrees`; a fresh one if None: memoisation within this call only).
     keep_features: record each pick's hidden state in `Episode.features` (REINFORCE needs them).
     stop_on_outage: end an episode at its first outage (the training loops: the episode cannot count, so no
         further call is paid for it). Either way an outage marks the episode (`outage`, reward None).
-
-    One turn = one batch: the states of every active episode (stored ones cost a lookup), one matrix product
-    per candidate, the picks, then every pool request of the turn in one `pool.complete_many` (stored or
-    shared requests cost no call; the rest are expanded together).
     """
     n_models = len(pool)
-    trees = RolloutTrees() if trees is None else trees
-    trees.bind(pool)
-    for e in episodes:
-        if e.node is None:
-            e.node = trees.node(e.task, e.turns)
-    Ws = {}
+    memo = RolloutTrees() if trees is None else trees
+    memo.bind(pool)
     active = [e for e in episodes if not e.done]
     while active:
-        n = len(active)
-        groups: dict[int, list[int]] = {}
+        by_candidate: dict[int, list[int]] = {}
         for i, e in enumerate(active):
-            groups.setdefault(e.candidate, []).append(i)
-        keys = [e.node.key for e in active]
+            by_candidate.setdefault(e.candidate, []).append(i)
 
-        def render(i: int, _active=active) -> str:
-            return coordinator_text(_active[i].task, _active[i].turns)
-
+        # 1. encode: every active transcript's hidden state, one batch (per candidate's adapter with SVF)
+        texts = [coordinator_text(e.task, e.turns) for e in active]
+        keys = [text_key(t) for t in texts]
         if adapters is None:
-            H = states.lookup(keys, render)
+            H = states.lookup(keys, texts.__getitem__)
         else:
-            H = np.empty((n, states.dim), dtype=np.float32)
-            for c, ix in groups.items():
-                H[ix] = states.lookup([keys[i] for i in ix], lambda j, ix=ix: render(ix[j]), adapter=adapters[c])
+            H = np.empty((len(active), states.dim), dtype=np.float32)
+            for c, ix in by_candidate.items():
+                H[ix] = states.lookup([keys[i] for i in ix], lambda j, ix=ix: texts[ix[j]], adapter=adapters[c])
+
+        # 2. pick: z = W h under each episode's candidate head, softmax over models and over roles, then the draw
         H64 = H.astype(np.float64)
-        Z = np.empty((n, n_models + 3))
-        for c, ix in groups.items():
-            W = Ws.get(c)
-            if W is None:
-                W = Ws[c] = np.asarray(heads[c], dtype=np.float64).T
-            if len(ix) == ix[-1] - ix[0] + 1:
-                Z[ix[0]:ix[-1] + 1] = H64[ix[0]:ix[-1] + 1] @ W
-            else:
-                Z[ix] = H64[ix] @ W
+        Z = np.empty((len(active), n_models + 3))
+        for c, ix in by_candidate.items():
+            Z[ix] = H64[ix] @ np.asarray(heads[c], dtype=np.float64).T
         P_model, P_role = softmax(Z[:, :n_models]), softmax(Z[:, n_models:])
-        # Picks: argmax, or exactly what Generator.choice(n, p=p) draws (one uniform; inverse CDF) — model
-        # first, then role, from each episode's own generator.
-        M = np.argmax(P_model, axis=1)
-        R = np.argmax(P_role, axis=1)
-        sampled = [i for i, e in enumerate(active) if e.rng is not None]
-        if sampled:
-            U = np.array([(active[i].rng.random(), active[i].rng.random()) for i in sampled])
-            cm = np.cumsum(P_model[sampled], axis=1)
-            cm /= cm[:, -1:]
-            cr = np.cumsum(P_role[sampled], axis=1)
-            cr /= cr[:, -1:]
-            M[sampled] = (cm <= U[:, :1]).sum(axis=1)
-            R[sampled] = (cr <= U[:, 1:]).sum(axis=1)
         requests, asked = [], []
         for i, e in enumerate(active):
-            m, role = int(M[i]), ROLES[R[i]]
+            m, r = pick(e.rng, P_model[i], P_role[i])
+            role = ROLES[r]
             forced = e.forced_role is not None
             if forced:  # the Thinker's suggested_role overrides the head's role pick
                 role, e.forced_role = e.forced_role, None
@@ -403,40 +320,33 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
             if keep_features:
                 e.features.append(H[i])
                 e.forced.append(forced)
-            if role is Role.VERIFIER and e.node.answer is None:
+            if role is Role.VERIFIER and latest_answer(e.turns) is None:  # nothing to verify: the episode scores 0
                 e.verifier_first = True
                 e.done = True
                 continue
-            edge = e.node.edge(m, role, e.task, e.turns, pool)
-            requests.append((m, ROLE_VALUE[role], edge.key, edge.messages))
-            asked.append((e, edge))
+            requests.append(memo.request(pool, e.task, e.turns, m, role))
+            asked.append((e, m, role))
+
+        # 3. call: the whole turn's requests at once (stored or repeated ones cost no call)
         replies = await pool.complete_many(requests) if requests else []
-        for (e, edge), resp in zip(asked, replies):
-            if edge.resp is not resp:  # first visit (or another stored sample): parse once per edge
-                edge.turn = turn_of(pool.names[edge.model], edge.role, resp)
-                edge.child = e.node.child(edge.turn)
-                edge.resp = resp
-            turn = edge.turn
+
+        # 4. parse: each reply is the episode's next turn
+        for (e, m, role), resp in zip(asked, replies):
+            turn = turn_of(pool.names[m], role, resp)
             e.turns += (turn,)
-            e.node = edge.child
             e.cost_usd += resp.cost_usd
-            if turn.failure == "transient":  # (is_outage, inlined)
+            if is_outage(turn):
                 e.outage = True
                 if stop_on_outage:
                     e.done = True
                     continue
             if turn.role is Role.THINKER:
-                e.forced_role = forced_role(turn, e.node.answer)
+                e.forced_role = forced_role(turn, latest_answer(e.turns))
             if (turn.role is Role.VERIFIER and turn.verdict == "ACCEPT") or len(e.turns) >= max_turns:
                 e.done = True
         active = [e for e in active if not e.done]
+
+    # 5. grade and 6. reward
     for e in episodes:
-        node = e.node
-        if node.answer is None or e.verifier_first:
-            e.correct = 0.0
-        else:
-            g = node.grades.get(grade)
-            if g is None:
-                g = node.grades[grade] = float(grade(e.task, node.answer))
-            e.correct = g
+        e.correct = 0.0 if e.answer is None else memo.grade(grade, e.task, e.answer)
         e.reward = shaped_reward(e, max_turns, reward)

@@ -7,15 +7,15 @@ prompt text appears in training; in-distribution evaluation items are drawn from
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from trinity.data.loaders import BENCHMARKS, DataError, PathLike, _stable_int
+from trinity.data.loaders import BENCHMARKS, DataError, PathLike
+from trinity.data.loaders.reading import stable_int
+from trinity.files import atomic_open
 from trinity.records import Task
 
 HELDOUT_SOURCES = frozenset({"aime", "bigcodebench", "bigcodebench_hard", "mt_bench", "gpqa"})
@@ -119,7 +119,7 @@ def build_all_splits(
             if ck not in cache:
                 cache[ck] = BENCHMARKS[name](root, **kw)
             pool = [t for t in cache[ck] if t.id not in excluded_ids and not (_texts(t) & excluded_texts)]
-            draw_seed = _stable_int(f"{key}:{seed}" if role != "in_distribution" else f"{key}:{seed}:in_distribution")
+            draw_seed = stable_int(f"{key}:{seed}" if role != "in_distribution" else f"{key}:{seed}:in_distribution")
             try:
                 out += sample_tasks(pool, n, draw_seed)
             except ValueError as e:
@@ -175,16 +175,9 @@ def assert_no_contamination(
 def save_tasks(path: PathLike, tasks: Iterable[Task]) -> Path:
     """Write tasks as JSONL (one Task.to_json object a line); atomic, so a crash leaves no half file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for t in tasks:
-                f.write(json.dumps(t.to_json(), ensure_ascii=False, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        for t in tasks:
+            f.write(json.dumps(t.to_json(), ensure_ascii=False, sort_keys=True) + "\n")
     return path
 
 

@@ -28,8 +28,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from trinity.config import Settings
-from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, play_episodes
-from trinity.coordinator.head import HeadShape, ParamLayout
+from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, is_outage, play_episodes
+from trinity.coordinator.policy import param_split
 from trinity.coordinator.roles import Role, Turn, latest_answer, role_messages, turn_of
 from trinity.records import Task
 from trinity.evaluation.stats import bootstrap_mean, compare, paired_bootstrap
@@ -43,6 +43,10 @@ IN_DISTRIBUTION, HELDOUT = "in_distribution", "heldout"
 def metric_of(task: Task) -> tuple[str, float]:
     """(metric name, scale of a perfect score) of a task's benchmark."""
     return ("judge score (1-10)", 10.0) if task.grader == "judge" else ("accuracy", 1.0)
+
+
+OUTAGE_MARK = "outage: "
+"""How an item's `error` starts when an outage left it unscored (`ItemResult.unscored_by_outage`)."""
 
 
 @dataclass
@@ -82,6 +86,11 @@ class ItemResult:
         return sum(t.latency_s for _, t in self.turns)
 
     @property
+    def unscored_by_outage(self) -> bool:
+        """Whether a call of this item failed transiently (an outage), leaving it unscored: a rerun asks it again."""
+        return (self.error or "").startswith(OUTAGE_MARK)
+
+    @property
     def judged(self) -> bool:
         return self.task.grader == "judge"
 
@@ -116,12 +125,6 @@ class EvalRun:
     wall_s: float
 
 
-def policy_from_params(settings: Settings, params: np.ndarray, n_models: int, states: StateCache):
-    """(SVF scales or None, head W) of a trained parameter vector, laid out as in training."""
-    n_svf = int(getattr(states.encoder, "svf_num_params", 0)) if settings.coordinator.svf_layer is not None else 0
-    return ParamLayout(HeadShape(n_models=n_models, dim=states.dim), n_svf).split(params)
-
-
 def _no_grade(task: Task, answer: str) -> float:
     """Episodes are graded after the loop here (once per item, and MT-Bench by its judge)."""
     return 0.0
@@ -146,7 +149,7 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[T
              grade: Callable[[Task, str], float], judge=None, methods: Sequence[str] | None = None) -> EvalRun:
     """Every method on every item of `tasks` ({split: tasks}). `judge`: a `grading.judge.MTBenchJudge`, needed
     when a task is graded by a judge. methods: a subset of ["trinity", "alone:<name>"..., "random-routing"]."""
-    delta, W = policy_from_params(settings, params, len(pool), states)
+    delta, W = param_split(settings, params, len(pool), states)
     adapters = None if delta is None else [delta]
     ev, co = settings.evaluate, settings.coordinator
     all_methods = [COORDINATOR, *(f"alone:{n}" for n in pool.names), RANDOM_ROUTING]
@@ -220,9 +223,9 @@ async def _run_method(method: str, play, tasks: Sequence[Task], split: str, grad
         item = ItemResult(method=method, task=t, split=split, score=None, answer=last.answer, turns=turns,
                           path=[p for _, tr in rec for p in tr.picks], verifier_first=any(tr.verifier_first for _, tr in rec),
                           cost_usd=sum(tr.cost_usd for _, tr in rec))
-        outage = next((turn for _, turn in turns if turn.failure == "transient"), None)
+        outage = next((turn for _, turn in turns if is_outage(turn)), None)
         if outage is not None:
-            item.error = f"outage: {outage.model} as {outage.role.value} failed ({outage.text[:200] or 'no reply'})"
+            item.error = f"{OUTAGE_MARK}{outage.model} as {outage.role.value} failed ({outage.text[:200] or 'no reply'})"
         elif t.grader != "judge":
             item.score = float(grade(t, item.answer)) if item.answer is not None and not item.verifier_first else 0.0
         out.append(item)

@@ -18,21 +18,25 @@ run (`expand-node`) on the task runner named by `evolve.task_runner`:
 Workers receive plain data (member settings, messages, sampling) and return the response; the main process
 prices, counts and stores it (`Pool._record`): DuckDB has one writer, and no worker opens the store.
 Results do not depend on the runner: a stored sample is fixed by its request, whoever computed it.
+Each worker process builds a member once and keeps it (`trinity.pool.worker.PROCESS_MEMBERS`: a local model
+loads once, an HTTP member keeps its client). The pool's concurrency limits hold across workers: this process
+takes a request's slots (`pool.max_concurrency` in all, `member.max_concurrency` per HTTP member) before
+submitting it and gives them back when its reply is here.
 
-`run_expanding(fn, settings, pool)` runs `fn()` (a training loop) inside a Prefect flow that owns the task
-runner, with the pool's expansion switched to `TaskRunnerExpansion`. Whether Prefect is used at all:
-always for "dask"; for "threads" only when already inside a Prefect flow (the pipeline's flows), so
-`trinity stage ...` stays free of Prefect and runs the same calls on asyncio worker threads.
+The executor is chosen when the pool is built: `build_pool(..., executor=executor_for(settings.evolve))` gives
+a `TaskRunnerExecutor` when the task runner is used, else None (in process). `run_expanding(fn, settings, pool)`
+then runs `fn()` (a training loop) inside a Prefect flow that owns the task runner when the pool's executor is a
+`TaskRunnerExecutor`, and plainly otherwise. Whether Prefect is used at all: always for "dask"; for "threads"
+only when already inside a Prefect flow (the pipeline's flows), so `trinity stage ...` stays free of Prefect and
+runs the same calls on asyncio worker threads.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import sys
-import threading
-import uuid
 from dataclasses import asdict
-from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Callable, Generic, Sequence, TypeVar
 
 from trinity.config import EvolveSettings, Settings
 from trinity.pool.worker import expand_request
@@ -147,21 +151,10 @@ def _api_url_in_settings(ev: EvolveSettings):
         yield
 
 
-_expand_task = None
-
-
-def _task():
-    global _expand_task
-    if _expand_task is None:
-        from prefect import task
-        from prefect.cache_policies import NO_CACHE
-
-        _expand_task = task(expand_request, name="expand-node", cache_policy=NO_CACHE, persist_result=False)
-    return _expand_task
-
-
-class TaskRunnerExpansion:
-    """Expansion through the task runner of the enclosing Prefect flow (see the module doc).
+class TaskRunnerExecutor:
+    """Runs never-seen requests through the task runner of the enclosing Prefect flow (see the module doc): each
+    request is a task run (`expand-node`) of `trinity.pool.worker.expand_request`, submitted once its slots of
+    the pool's limits are taken, and holding them until its reply is back in this process.
 
     `workers` maps each worker process id to what it reported on its last call (models loaded, whether it
     imported DuckDB): the evidence that models load once per process and that workers never open the store.
@@ -170,66 +163,77 @@ class TaskRunnerExpansion:
     def __init__(self):
         self.workers: dict[int, dict[str, Any]] = {}
         self.submitted = 0
+        self._task = None
+
+    def _expand_task(self):
+        if self._task is None:
+            from prefect import task
+            from prefect.cache_policies import NO_CACHE
+
+            self._task = task(expand_request, name="expand-node", cache_policy=NO_CACHE, persist_result=False)
+        return self._task
+
+    async def _one(self, pool, r) -> ChatResponse:
+        task = self._expand_task()
+        loop = asyncio.get_running_loop()
+        async with pool.limits.slot(r.idx):
+            future = task.submit(pool.settings[r.idx].model_dump(), [[m.role, m.content] for m in r.messages],
+                                 asdict(pool.sampling(r.idx, r.role)))
+            self.submitted += 1
+            finished = loop.create_future()
+
+            def done(_) -> None:  # on the runner's thread: wake this loop (the result is fetched below)
+                loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(None))
+
+            future.add_done_callback(done)
+            await finished
+            fields, info = await asyncio.to_thread(future.result)  # blocking fetch, off the event loop
+        self.workers[info["pid"]] = info
+        return ChatResponse(**fields)
 
     async def expand(self, pool, requests: Sequence) -> AsyncIterator[tuple[int, ChatResponse]]:
-        from prefect.futures import as_completed
+        async def one(j: int, r):
+            return j, await self._one(pool, r)
 
-        task = _task()
-        futures = [task.submit(pool.settings[r.idx].model_dump(), [[m.role, m.content] for m in r.messages],
-                               asdict(pool.sampling(r.idx, r.role))) for r in requests]
-        self.submitted += len(futures)
-        index = {f.task_run_id: j for j, f in enumerate(futures)}
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-
-        def wait() -> None:  # blocking waits off the event loop; results handed back in completion order
-            try:
-                for f in as_completed(futures):
-                    loop.call_soon_threadsafe(queue.put_nowait, (index[f.task_run_id], f.result(), None))
-            except BaseException as e:  # noqa: BLE001 - re-raised in the event loop
-                loop.call_soon_threadsafe(queue.put_nowait, (None, None, e))
-
-        threading.Thread(target=wait, name="expand-wait", daemon=True).start()
-        for _ in range(len(futures)):
-            j, result, err = await queue.get()
-            if err is not None:
-                raise err
-            fields, info = result
-            self.workers[info["pid"]] = info
-            yield j, ChatResponse(**fields)
+        for fut in asyncio.as_completed([one(j, r) for j, r in enumerate(requests)]):
+            yield await fut
 
 
-_CALLS: dict[str, Callable[[], Any]] = {}
-"""Training loops waiting to run inside their flow, by call id. The flow function takes only the id: a flow
-run's context (flow included) is pickled to every Dask worker, so the flow must not close over the store."""
+def executor_for(ev: EvolveSettings) -> TaskRunnerExecutor | None:
+    """The executor a pool is built with for `evolve.task_runner` (module doc): a TaskRunnerExecutor when the task
+    runner is used (`use_task_runner`), else None (in process)."""
+    return TaskRunnerExecutor() if use_task_runner(ev) else None
 
 
-def _run_registered(call_id: str):
-    return _CALLS[call_id]()
+class _StaysHere(Generic[T]):
+    """A value that stays in this process: pickled, it is empty. A flow run's context (flow included) is pickled to
+    every Dask worker, and the training loop a flow runs holds the pool and the store (which must not, and cannot,
+    travel); the workers never run the flow's body."""
+
+    def __init__(self, value: T | None):
+        self.value = value
+
+    def __reduce__(self):
+        return (_StaysHere, (None,))
 
 
-def run_expanding(fn: Callable[[], T], settings: Settings, pool, *, task_runner: bool | None = None,
-                  expansion: TaskRunnerExpansion | None = None, name: str = "trinity-expand") -> T:
-    """`fn()` with the pool's never-seen nodes expanded on `evolve.task_runner` (see module doc).
-    task_runner: force Prefect on (True) or off (False); None = `use_task_runner(settings.evolve)`.
-    expansion: pass one to inspect it afterwards (which workers ran what)."""
-    if task_runner is None:
-        task_runner = use_task_runner(settings.evolve)
-    if not task_runner:
+def run_expanding(fn: Callable[[], T], settings: Settings, pool, *, name: str = "trinity-expand") -> T:
+    """`fn()`, in a Prefect flow owning the task runner of `settings.evolve` when `pool`'s executor is a
+    TaskRunnerExecutor (its never-seen nodes then run as task runs: module doc), else plainly."""
+    if not isinstance(pool.executor, TaskRunnerExecutor):
         return fn()
     from prefect import flow
 
     runner = make_task_runner(settings.evolve, settings.pool.max_concurrency)
-    expansion = expansion if expansion is not None else TaskRunnerExpansion()
-    expand_flow = flow(_run_registered, name=name, task_runner=runner, persist_result=False,
+    training = _StaysHere(fn)
+
+    def body():
+        return training.value()
+
+    expand_flow = flow(body, name=name, task_runner=runner, persist_result=False,
                        validate_parameters=False, log_prints=False)  # progress prints reach the terminal
-    call_id = uuid.uuid4().hex
-    previous = pool.expansion
-    _CALLS[call_id] = fn
-    pool.expansion = expansion
     try:
         with _api_url_in_settings(settings.evolve):
-            return expand_flow(call_id)
+            return expand_flow()
     finally:
-        pool.expansion = previous
-        _CALLS.pop(call_id, None)
+        training.value = None  # Prefect may keep the flow; the training loop (its pool, its store) goes

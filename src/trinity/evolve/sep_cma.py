@@ -3,13 +3,13 @@ optimiser. The baselines of its ablation (REINFORCE, random search: `trinity.evo
 the same loop through the `Optimizer` interface, so every method plays the same episodes budget
 (generations x popsize x episodes_per_candidate) on the same tasks (`minibatch`), with the same seeds.
 
-The loop is explicit, checkpointable state: after every generation the pickled optimiser, the generation
-index and the history are written atomically, so a killed run restarts where it stopped and, because every
-random draw is fixed by (seed, generation, candidate, task) or by the optimiser's pickled state, ends with
-the same parameters as an uninterrupted one. pycma would sample from numpy's *global* RNG; `SepCMA` gives it
-a RandomState of its own, pickled with it, and leaves the global RNG as it found it (the baselines use their
-own generators). The hidden states the policy reads are cache-independent too (the encoder's chunking), so
-a resumed process with cold caches replays the same picks.
+The loop is explicit, checkpointable state: after every generation the run's `RunState` (the pickled
+optimiser, the generation index and the history) is written atomically, so a killed run restarts where it
+stopped and, because every random draw is fixed by (seed, generation, candidate, task) or by the optimiser's
+pickled state, ends with the same parameters as an uninterrupted one. pycma would sample from numpy's *global*
+RNG; `SepCMA` gives it a RandomState of its own, pickled with it, and leaves the global RNG as it found it (the
+baselines use their own generators). The hidden states the policy reads are cache-independent too (the
+encoder's chunking), so a resumed process with cold caches replays the same picks.
 
 The flat parameter vector is the `ParamLayout`: the head alone, or [δ…, head…] when
 `coordinator.svf_layer` is set (each candidate's δ then changes its hidden states: its transcripts are
@@ -28,13 +28,11 @@ same rule.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import os
 import pickle
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
@@ -42,8 +40,8 @@ import numpy as np
 
 from trinity.config import Settings
 from trinity.coordinator.features import fit_feature_map
-from trinity.coordinator.episode import (ROLE_VALUE, Episode, OutageError, RolloutTrees, StateCache,
-                                        entropy_of_counts, episode_rngs, is_outage, play_episodes)
+from trinity.coordinator.episode import (Episode, OutageError, RolloutTrees, StateCache, entropy_of_counts,
+                                        episode_rng, is_outage, play_episodes)
 from trinity.coordinator.head import HeadShape, ParamLayout
 from trinity.coordinator.roles import ROLES
 from trinity.records import Task
@@ -225,13 +223,43 @@ class EvolutionResult:
     with the checkpoint, applied wherever the head is used."""
 
 
+@dataclass(frozen=True, eq=False)
+class RunState:
+    """Everything a run needs to carry on where it stopped, pickled whole after every generation (`resume_path`):
+    a killed run reloads it and ends with the parameters of an uninterrupted one. A record, never changed in place:
+    each generation makes the next one with `dataclasses.replace`. The optimiser is its one mutable part (pycma's
+    state, with both random streams: `SepCMA`), advanced by `ask` / `tell`."""
+
+    fingerprint: str
+    """The run's identity (`run_fingerprint`): the state of another run is never resumed."""
+    optimizer: Optimizer
+    generation: int = 0
+    """Generations played, told to the optimiser and recorded."""
+    history: tuple[GenerationRecord, ...] = ()
+    best_fitness: float = -np.inf
+    """The best sampled candidate so far, by its (noisy) minibatch fitness: kept for inspection."""
+    best_params: np.ndarray | None = None
+
+
+def load_run_state(path: Path) -> RunState | None:
+    """The run state pickled at `path`, or None when there is none. A state pickled as a dict (the format before
+    `RunState`: the same fields, with "best" a (fitness, params) pair) is read as the same record."""
+    if not path.exists():
+        return None
+    with open(path, "rb") as f:
+        state = pickle.load(f)
+    if isinstance(state, dict) and {"optimizer", "generation", "history", "best"} <= state.keys():
+        state = RunState(fingerprint=state.get("fingerprint"), optimizer=state["optimizer"],
+                         generation=state["generation"], history=tuple(state["history"]),
+                         best_fitness=state["best"][0], best_params=state["best"][1])
+    return state if isinstance(state, RunState) else None
+
+
 def _atomic_pickle(obj, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
+    from trinity.files import atomic_open
+
+    with atomic_open(path, "wb", fsync=True) as f:
         pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, grade: Callable[[Task, str], float],
@@ -248,25 +276,20 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
     trees = RolloutTrees() if trees is None else trees
     fingerprint = run_fingerprint(settings, layout, train, getattr(states.encoder, "base_id", None))
     scoring = saved_fitness_episodes(settings, train)
-    state = None
-    if resume_path is not None and resume_path.exists():
-        with open(resume_path, "rb") as f:
-            state = pickle.load(f)
-        if (not isinstance(state, dict) or state.get("fingerprint") != fingerprint
-                or state.get("generation", 0) > ev.generations):
-            state = None  # a different run, or one already past the asked length: start over
-        else:
-            state["optimizer"].resume()  # same run, possibly asked for more generations: carry on
-    if state is None:
-        state = {"optimizer": make_optimizer(settings, layout), "generation": 0, "history": [],
-                 "best": (-np.inf, np.zeros(n)), "fingerprint": fingerprint}
-    opt: Optimizer = state["optimizer"]
-    resumed_from = state["generation"]
+    state = load_run_state(resume_path) if resume_path is not None else None
+    if state is not None and (state.fingerprint != fingerprint or state.generation > ev.generations):
+        state = None  # a different run, or one already past the asked length: start over
+    if state is not None:
+        state.optimizer.resume()  # same run, possibly asked for more generations: carry on
+    else:
+        state = RunState(fingerprint=fingerprint, optimizer=make_optimizer(settings, layout), best_params=np.zeros(n))
+    opt: Optimizer = state.optimizer
+    resumed_from = state.generation
     if resumed_from:
         print(f"[evolve:{opt.method}] resuming run {fingerprint[:12]} at generation {resumed_from} of {ev.generations}",
               flush=True)
-    while state["generation"] < ev.generations:
-        g = state["generation"]
+    while state.generation < ev.generations:
+        g = state.generation
         t0 = time.perf_counter()
         calls0, hits0, enc0, cost0 = pool.stats.calls_made, pool.stats.store_hits, states.encoded, pool.stats.cost_usd
         X = opt.ask()
@@ -292,18 +315,19 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
                                 "path": e.path_json, "reward": e.reward, "correct": e.correct, "cost_usd": e.cost_usd}
                                for e in clean)
         b = int(np.argmax(fitness))
-        if fitness[b] > state["best"][0]:
-            state["best"] = (float(fitness[b]), np.array(X[b]))
+        best = {}
+        if fitness[b] > state.best_fitness:
+            best = {"best_fitness": float(fitness[b]), "best_params": np.array(X[b])}
         saved = score_params(opt.params, layout, scoring, settings, pool, states, grade, trees)
         names = pool.names
         models = dict.fromkeys(names, 0)
-        roles = dict.fromkeys((ROLE_VALUE[r] for r in ROLES), 0)
+        roles = dict.fromkeys((r.value for r in ROLES), 0)
         picks = []
         for e in episodes:
             picks += e.picks
         for (m, r), k in Counter(picks).items():
             models[names[m]] += k
-            roles[ROLE_VALUE[r]] += k
+            roles[r.value] += k
         calls = pool.stats.calls_made - calls0
         rec = GenerationRecord(
             generation=g, best_candidate_fitness=float(fitness.max()), mean_fitness=float(fitness.mean()),
@@ -314,15 +338,14 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
             calls_per_episode=calls / len(episodes), model_entropy=entropy_of_counts(list(models.values())),
             saved_fitness=saved[0], saved_accuracy=saved[1], outage_episodes=len(episodes) - len(clean),
             outage_replays=replayed, saved_outage_episodes=saved[2])
-        state["history"].append(rec)
-        state["generation"] = g + 1
+        state = replace(state, generation=g + 1, history=state.history + (rec,), **best)
         if resume_path is not None:
             _atomic_pickle(state, resume_path)
         if on_generation is not None:
             on_generation(rec)
-    history = state["history"]
+    history = list(state.history)
     return EvolutionResult(params=opt.params, saved_fitness=history[-1].saved_fitness if history else None,
-                           best_candidate_params=state["best"][1], best_candidate_fitness=state["best"][0],
+                           best_candidate_params=state.best_params, best_candidate_fitness=state.best_fitness,
                            history=history, layout=layout, resumed_from=resumed_from, fingerprint=fingerprint,
                            features=states.features)
 
@@ -342,8 +365,7 @@ def play_replaying_outages(specs: Sequence[tuple[Task, int, tuple]], heads, pool
     c = settings.coordinator
 
     def play(ix: Sequence[int]) -> list[Episode]:
-        rngs = episode_rngs([specs[i][2] for i in ix])
-        eps = [Episode(task=specs[i][0], candidate=specs[i][1], rng=r) for i, r in zip(ix, rngs)]
+        eps = [Episode(task=specs[i][0], candidate=specs[i][1], rng=episode_rng(*specs[i][2])) for i in ix]
         asyncio.run(play_episodes(eps, heads, pool, states, c.max_turns, settings.reward, grade, adapters=adapters,
                                   trees=trees, keep_features=keep_features, stop_on_outage=True))
         return eps
@@ -441,17 +463,3 @@ def run_fingerprint(settings: Settings, layout: ParamLayout, train: Sequence[Tas
     return stable_hash({"settings": dump, "shape": [layout.head.n_models, layout.head.dim, layout.n_svf],
                         "train": [t.to_json() for t in train], "encoder": encoder_id, "format": RESUME_FORMAT,
                         "code": code_version() if code is None else code})
-
-
-def save_checkpoint(path: Path, params: np.ndarray, metadata: dict) -> None:
-    """Checkpoint = params .npy + JSON metadata beside it (same stem)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path.with_suffix(".npy"), params.astype(np.float64))
-    path.with_suffix(".json").write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
-
-
-def load_checkpoint(path: Path) -> tuple[np.ndarray, dict]:
-    npy, meta = path.with_suffix(".npy"), path.with_suffix(".json")
-    if not npy.exists() or not meta.exists():
-        raise FileNotFoundError(f"checkpoint {path}: expected {npy.name} and {meta.name} beside each other")
-    return np.load(npy), json.loads(meta.read_text())

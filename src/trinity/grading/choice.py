@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from trinity.grading.reply import after_think
 from trinity.records import Task
 
 LETTERS = "ABCD"
@@ -69,13 +70,6 @@ def _patterns(letters: str) -> dict[str, list[re.Pattern]]:
     }
 
 
-def _after_think(text: str) -> str:
-    i = text.rfind("</think>")
-    if i >= 0 and text[i + len("</think>"):].strip():
-        return text[i + len("</think>"):]
-    return text
-
-
 def _hedged(text: str, pos: int, letters: str) -> bool:
     """Does the letter at text[pos] stand in a list of different letters offered as the answer? Looks ahead
     ("A or B", "A, B", "(A)/(B)") and one step back with a word or slash ("A or B is correct")."""
@@ -109,7 +103,7 @@ def extract_choice(text: str | None, letters: str = LETTERS, choices: Sequence[s
     """The letter the reply commits to (one of `letters`), or None."""
     if not text or not text.strip():
         return None
-    text = _after_think(text)
+    text = after_think(text)
     pats = _patterns(letters)
     for tier in ("boxed", "statement"):
         hit = _last(pats[tier], text)

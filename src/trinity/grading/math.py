@@ -30,6 +30,7 @@ import sys
 import threading
 from fractions import Fraction
 
+from trinity.grading.reply import after_think
 from trinity.records import Task
 
 DEFAULT_TIMEOUT_S = 5
@@ -41,13 +42,6 @@ MAX_CANDIDATES = 8
 
 # ---------------------------------------------------------------------------------------------------
 # Extraction
-
-
-def _after_think(text: str) -> str:
-    i = text.rfind("</think>")
-    if i >= 0 and text[i + len("</think>"):].strip():
-        return text[i + len("</think>"):]
-    return text
 
 
 def _balanced(text: str, start: int) -> str | None:
@@ -147,7 +141,7 @@ def final_answer_candidates(text: str | None) -> list[str]:
     """
     if not text:
         return []
-    text = _after_think(text)
+    text = after_think(text)
     boxed = [part.strip() for inner in boxed_contents(text) for part in _alternatives(inner)]
     if any(boxed):
         return [b for b in boxed if b]

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from trinity.evaluation.results import EvalResults
 from trinity.stages.paths import Paths
 
 SUMMARY_ARTIFACT_KEY = "nightly-eval-summary"
@@ -82,15 +83,15 @@ class NightlyRecord:
     results_path: str = ""
 
     @classmethod
-    def from_results(cls, results: dict, run: str, results_path: Path | str = "") -> "NightlyRecord":
-        scale = {b["name"]: b["scale"] for b in results["benchmarks"]}
-        scores = {m: {b: c["score"] / scale[b] for b, c in per.items() if c["score"] is not None}
-                  for m, per in results["scores"].items() if not m.startswith(ORACLE_PREFIX)}
+    def from_results(cls, results: EvalResults, run: str, results_path: Path | str = "") -> "NightlyRecord":
+        scale = {b.name: b.scale for b in results.benchmarks}
+        scores = {m: {b: c.score / scale[b] for b, c in per.items() if c.score is not None}
+                  for m, per in results.scores.items() if not m.startswith(ORACLE_PREFIX)}
         averages = {m: {s: v for s, v in per.items() if v is not None}
-                    for m, per in results.get("averages", {}).items() if not m.startswith(ORACLE_PREFIX)}
+                    for m, per in results.averages.items() if not m.startswith(ORACLE_PREFIX)}
         return cls(run=run, finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   checkpoint=dict(results.get("checkpoint") or {}),
-                   splits={b["name"]: b["split"] for b in results["benchmarks"]}, scores=scores,
+                   checkpoint=results.checkpoint.to_json() if results.checkpoint else {},
+                   splits={b.name: b.split for b in results.benchmarks}, scores=scores,
                    averages=averages, results_path=str(results_path))
 
 

@@ -33,13 +33,6 @@ store keeps every reply the failed attempt got (never an outage: those are asked
 last checkpointed generation. What fires them: an `OutageError` (evolve: a candidate left with no episode free of
 an outage; evaluate: items unscored by an outage, raised after its results are written), a timeout, a crash."""
 LLM_BOUND_STAGES = frozenset({"evolve", "evaluate"})
-EVAL_SCORES_ARTIFACT_KEY = "trinity-eval-scores"
-
-
-def summary_artifact_key(stage: str) -> str:
-    return f"trinity-{stage}-summary"
-
-
 @task(name="load-params", cache_policy=NO_CACHE)
 def load_params(params: str):
     """params.yaml (or another file), validated: a bad key fails here, naming the file and the key."""
@@ -62,47 +55,6 @@ def run_stage_task(name: str, settings, tracker_id: str) -> dict:
     return run_stage(name, settings, Paths(ROOT), tracker=_TRACKERS[tracker_id])
 
 
-def _markdown(stage: str, summary: dict) -> str:
-    import json
-
-    lines = [f"# trinity {stage}", "", "| key | value |", "|---|---|"]
-    for k, v in summary.items():
-        text = v if isinstance(v, str) else json.dumps(v, default=str)
-        lines.append(f"| {k} | {text[:300].replace('|', '/')} |")
-    return "\n".join(lines) + "\n"
-
-
-def eval_scores_table(results: dict) -> list[dict]:
-    """data/eval/results.json as one row per benchmark and method (docs/eval_results_schema.md)."""
-    split = {b["name"]: b["split"] for b in results.get("benchmarks", [])}
-    rows = []
-    for method, per in results.get("scores", {}).items():
-        for bench, cell in per.items():
-            ci = cell.get("ci95") or [None, None]
-            rows.append({"benchmark": bench, "split": split.get(bench), "method": method, "score": cell.get("score"),
-                         "ci95_low": ci[0], "ci95_high": ci[1], "n": cell.get("n"), "calls_new": cell.get("calls_new")})
-    return sorted(rows, key=lambda r: (r["split"] or "", r["benchmark"]))
-
-
-@task(name="publish-artifacts", cache_policy=NO_CACHE)
-def publish_artifacts(stage: str, summary: dict) -> list[str]:
-    """The stage's summary as a markdown artifact, under a stable key (one version per run); evaluate adds the
-    per-benchmark table."""
-    import json
-
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
-    from trinity.stages.paths import Paths
-
-    keys = [summary_artifact_key(stage)]
-    create_markdown_artifact(_markdown(stage, summary), key=keys[0], description=f"trinity {stage} stage summary")
-    results = Paths(ROOT).eval_dir / "results.json"
-    if stage == "evaluate" and results.exists():
-        create_table_artifact(eval_scores_table(json.loads(results.read_text())), key=EVAL_SCORES_ARTIFACT_KEY,
-                              description="every method's score per benchmark, with its 95% interval")
-        keys.append(EVAL_SCORES_ARTIFACT_KEY)
-    return keys
-
-
 def run_stage(name: str, params: str = "params.yaml", timeout_minutes: float | None = None) -> dict:
     """The body of every stage flow, as tasks: load-params (validated params), the stage itself (a task named
     after it: trinity.stages.run_stage inside the stage's W&B run; models are called in evolve and evaluate,
@@ -112,6 +64,7 @@ def run_stage(name: str, params: str = "params.yaml", timeout_minutes: float | N
     for files it does not rebuild."""
     import uuid
 
+    from trinity.ops.prefect_artifacts import publish_artifacts
     from trinity.ops.tracking import StageRun
 
     settings = load_params(params)

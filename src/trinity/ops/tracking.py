@@ -33,6 +33,7 @@ from typing import Any
 
 from trinity.code_version import code_version
 from trinity.config import PROJECT_ROOT, Settings
+from trinity.evaluation.results import HELDOUT, IN_DISTRIBUTION, Cell, EvalResults
 from trinity.redact import redact, redact_text, register_pool
 
 GROUP_ENV = "TRINITY_WANDB_GROUP"
@@ -321,7 +322,7 @@ class StageRun:
                           f"({redact_text(str(e))})", stacklevel=2)
             return None
 
-    def log_eval_results(self, results: dict, plots_dir: Path | None = None) -> None:
+    def log_eval_results(self, results: EvalResults, plots_dir: Path | None = None) -> None:
         """The evaluate stage's results in this run (`log_eval_results`)."""
         log_eval_results(self, results, plots_dir)
 
@@ -340,14 +341,9 @@ _BENCHMARK_COLUMNS = ["method", "kind", "score", "ci_low", "ci_high", "n", "unsc
 _PAIRED_COLUMNS = ["benchmark", "a", "b", "label", "diff", "ci_low", "ci_high", "n", "outcome"]
 
 
-def _ci(value: Any) -> tuple[Any, Any]:
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return value[0], value[1]
-    return None, None
-
-
-def log_eval_results(tracker: StageRun, results: dict, plots_dir: Path | None) -> None:
-    """Log data/eval/results.json (docs/eval_results_schema.md) to the stage's W&B run, in one step:
+def log_eval_results(tracker: StageRun, results: EvalResults, plots_dir: Path | None) -> None:
+    """Log data/eval/results.json (docs/eval_results_schema.md; read as `EvalResults`) to the stage's W&B run, in
+    one step:
 
     * `eval/<benchmark>`: a table per benchmark, one row per method with a score entry
       (columns: method, kind, score, ci_low, ci_high, n, unscored, tokens_per_task, wall_s_per_task,
@@ -358,46 +354,41 @@ def log_eval_results(tracker: StageRun, results: dict, plots_dir: Path | None) -
       (null scores are left out, as in metrics.json);
     * every `*.png` of `plots_dir` as an image `plots/<stem>`.
     """
-    scores: dict[str, dict[str, dict]] = results.get("scores") or {}
-    benchmarks = [b["name"] for b in results.get("benchmarks") or []]
-    benchmarks += sorted({b for per in scores.values() for b in per} - set(benchmarks))
-    kinds = {m["method"]: m.get("kind") for m in results.get("methods") or []}
-    methods = list(kinds) + [m for m in scores if m not in kinds]
-    averages: dict[str, dict] = results.get("averages") or {}
+    benchmarks = [b.name for b in results.benchmarks]
+    benchmarks += sorted({b for per in results.scores.values() for b in per} - set(benchmarks))
+    kinds = {m.id: m.kind for m in results.methods}
+    methods = list(kinds) + [m for m in results.scores if m not in kinds]
 
     payload: dict[str, Any] = {}
     values: dict[str, Any] = {}
     for bench in benchmarks:
         rows = []
         for m in methods:
-            s = scores.get(m, {}).get(bench)
+            s = results.cell(m, bench)
             if s is None:
                 continue
-            lo, hi = _ci(s.get("ci95"))
-            rows.append([m, kinds.get(m), s.get("score"), lo, hi, s.get("n"), s.get("unscored"),
-                         s.get("tokens_per_task"), s.get("wall_s_per_task"), s.get("cost_usd_per_task"),
-                         s.get("mean_turns")])
-            if s.get("score") is not None:
-                values[f"score/{m}/{bench}"] = s["score"]
+            lo, hi = s.ci95 or (None, None)
+            rows.append([m, kinds.get(m), s.score, lo, hi, s.n, s.unscored, s.tokens_per_task, s.wall_s_per_task,
+                         s.cost_usd_per_task, s.mean_turns])
+            if s.score is not None:
+                values[f"score/{m}/{bench}"] = s.score
         payload[f"{EVAL_TABLE_PREFIX}{bench}"] = tracker.make_table(_BENCHMARK_COLUMNS, rows)
 
     summary_rows = []
     for m in methods:
-        avg = averages.get(m) or {}
-        summary_rows.append([m, *[(scores.get(m, {}).get(b) or {}).get("score") for b in benchmarks],
-                             avg.get("in_distribution"), avg.get("heldout")])
-        for split in ("in_distribution", "heldout"):
-            if avg.get(split) is not None:
-                values[f"avg_{split}/{m}"] = avg[split]
+        summary_rows.append([m, *[(results.cell(m, b) or Cell()).score for b in benchmarks],
+                             results.average(m, IN_DISTRIBUTION), results.average(m, HELDOUT)])
+        for split in (IN_DISTRIBUTION, HELDOUT):
+            if results.average(m, split) is not None:
+                values[f"avg_{split}/{m}"] = results.average(m, split)
     payload[EVAL_SUMMARY_TABLE] = tracker.make_table(
         ["method", *benchmarks, "avg_in_distribution", "avg_heldout"], summary_rows)
 
     paired_rows = []
-    for bench, comparisons in (results.get("paired") or {}).items():
-        for c in comparisons or []:
-            lo, hi = _ci(c.get("ci95"))
-            paired_rows.append([bench, c.get("a"), c.get("b"), c.get("label"), c.get("diff"), lo, hi,
-                                c.get("n"), c.get("outcome")])
+    for bench, comparisons in results.paired.items():
+        for c in comparisons:
+            lo, hi = c.ci95 or (None, None)
+            paired_rows.append([bench, c.a, c.b, c.label, c.diff, lo, hi, c.n, c.outcome])
     payload[EVAL_PAIRED_TABLE] = tracker.make_table(_PAIRED_COLUMNS, paired_rows)
 
     if plots_dir is not None and Path(plots_dir).is_dir():

@@ -32,7 +32,6 @@ import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 from trinity.ops.tracking import EVAL_PAIRED_TABLE, EVAL_SUMMARY_TABLE, EVAL_TABLE_PREFIX, PLOTS_PREFIX, group_name

@@ -11,11 +11,11 @@ import importlib
 import importlib.util
 import json
 import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from trinity.files import atomic_open, file_sha256
 
 
 @dataclass(frozen=True)
@@ -78,14 +78,6 @@ def cache_dir() -> Path:
     return d
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _part_paths(spec: BundledModel) -> list[Path]:
     paths = []
     for part in spec.parts:
@@ -129,22 +121,21 @@ def model_path(model_id: str) -> Path:
     if target.exists() and marker.exists() and marker.read_text().strip() == want:
         return target
     parts = _part_paths(spec)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".assemble-")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for p in parts:
-                with open(p, "rb") as f:
-                    shutil.copyfileobj(f, out, 1 << 22)
-        got = _sha256(Path(tmp))
+    # The parts are hashed as they are copied: the digest is that of the assembled file's bytes, checked
+    # before the file replaces `target` (a mismatch leaves no file behind).
+    h = hashlib.sha256()
+    with atomic_open(target, "wb") as out:
+        for p in parts:
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    out.write(chunk)
+                    h.update(chunk)
+        got = h.hexdigest()
         if want is not None and got != want:
             raise ModelAssemblyError(
                 f"model {spec.id!r}: assembled file has sha256 {got}, expected {want} "
                 f"(parts: {[str(p) for p in parts]})")
-        os.replace(tmp, target)
-        marker.write_text(got + "\n")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    marker.write_text(got + "\n")
     return target
 
 
@@ -176,11 +167,9 @@ def gguf_sha256(model: str, path: Path | None = None) -> str:
         index = {}
     digest = index.get(entry)
     if digest is None:
-        digest = index[entry] = _sha256(p)
-        fd, tmp = tempfile.mkstemp(dir=index_path.parent, prefix=".sha256-index-")
-        with os.fdopen(fd, "w") as f:
+        digest = index[entry] = file_sha256(p)
+        with atomic_open(index_path, "w") as f:
             json.dump(index, f, indent=1, sort_keys=True)
-        os.replace(tmp, index_path)
     return digest
 
 

@@ -1,8 +1,8 @@
 """Local pool members: GGUF models run in-process with llama-cpp-python.
 
-A model file is loaded once per process (shared by every member that names it). Calls run in a worker
-thread (asyncio.to_thread) so the event loop never blocks; one lock per loaded model serialises calls,
-since a llama.cpp context is not thread-safe and the CPU is the bottleneck anyway.
+A model file is loaded once per process (`LLAMA_MODELS`, shared by every member that names it). Calls run
+in a worker thread (asyncio.to_thread) so the event loop never blocks; one lock per loaded model serialises
+calls, since a llama.cpp context is not thread-safe and the CPU is the bottleneck anyway.
 
 A stored response must be the answer to the same question, so what keys a local member's responses
 (`LocalChatModel.model_id` + `request_identity`) is everything that shapes the reply besides the messages
@@ -29,24 +29,40 @@ from trinity.config import PoolMember
 from trinity.pool.bundled import BUNDLED, gguf_sha256, resolve_gguf
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 
-_LOADED: dict[tuple[str, int, int], tuple[object, threading.Lock]] = {}
-_LOAD_LOCK = threading.Lock()
-LOADS: list[str] = []
-"""Every model load of this process, in order (a process loads each (file, n_ctx, n_threads) once)."""
+class LoadedModels:
+    """The llama.cpp models this process has loaded: one instance, and one lock serialising its calls, per
+    (GGUF file, n_ctx, n_threads), shared by every member that names it and loaded on first use.
+
+    A loaded model is process-wide state (its memory and threads), so there is one of these per process:
+    `LLAMA_MODELS`, the only process-level cache of the pool besides `trinity.pool.worker.PROCESS_MEMBERS`."""
+
+    def __init__(self) -> None:
+        self._models: dict[tuple[str, int, int], tuple[object, threading.Lock]] = {}
+        self._lock = threading.Lock()
+        self.loads: list[str] = []
+        """Every model load of this process, in order (a process loads each (file, n_ctx, n_threads) once)."""
+
+    def get(self, path: Path, n_ctx: int, n_threads: int) -> tuple[object, threading.Lock]:
+        """The instance for a GGUF file and its lock (loaded now if it is not yet)."""
+        key = (str(path), n_ctx, n_threads)
+        with self._lock:
+            if key not in self._models:
+                from llama_cpp import Llama  # imported lazily: compiling it is part of setup, not of import
+
+                llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                            verbose=False, seed=0)
+                self._models[key] = (llm, threading.Lock())
+                self.loads.append(path.name)
+            return self._models[key]
+
+
+LLAMA_MODELS = LoadedModels()
+"""This process's loaded llama.cpp models (see LoadedModels)."""
 
 
 def load_llama(path: Path, n_ctx: int, n_threads: int):
-    """The process-wide llama.cpp instance for a GGUF file (loaded on first use)."""
-    key = (str(path), n_ctx, n_threads)
-    with _LOAD_LOCK:
-        if key not in _LOADED:
-            from llama_cpp import Llama  # imported lazily: compiling it is part of setup, not of import
-
-            llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                        verbose=False, seed=0)
-            _LOADED[key] = (llm, threading.Lock())
-            LOADS.append(path.name)
-        return _LOADED[key]
+    """The process-wide llama.cpp instance for a GGUF file and its lock (loaded on first use)."""
+    return LLAMA_MODELS.get(path, n_ctx, n_threads)
 
 
 COMPLETION_EXAMPLE = ("Question: What is 12 + 30? Put the final answer in \\boxed{}.\n\n"

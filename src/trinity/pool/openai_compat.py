@@ -8,8 +8,9 @@ retries and backoff included; `model` is this backend's `model_id`.
 
 Per call:
   * concurrency: a per-model semaphore (`member.max_concurrency`), then the pool-wide one passed in
-    (`global_limit`, from `pool.max_concurrency`). Slots are held only while a request is on the wire,
-    never while backing off, so one throttled model does not starve the others.
+    (`global_limit`, from `pool.max_concurrency`); a pool passes both from its `ConcurrencyLimits`
+    (`trinity.pool.base`), which its task-runner executor uses too. Slots are held only while a request is
+    on the wire, never while backing off, so one throttled model does not starve the others.
   * deadline: `member.timeout_s` per attempt, enforced both by the HTTP client and by an asyncio
     timeout around the whole attempt (a server that trickles bytes cannot outlive it).
   * retries: up to `member.max_retries` more attempts for 408/409/429/5xx, timeouts, dropped
@@ -54,6 +55,7 @@ import httpx2
 import openai
 
 from trinity.config import PoolMember
+from trinity.pool.base import LoopLocalSemaphore
 from trinity.pool.errors import PoolConfigError, api_key_from_env
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 from trinity.redact import redact_text, register_secret_env_names
@@ -123,21 +125,6 @@ class _Attempt:
     the failure is a sample (stored). Everything else that fails is an outage (retried on the next run)."""
 
 
-class LoopLocalSemaphore:
-    """A concurrency cap shared by several members, re-created for each event loop it is used in."""
-
-    def __init__(self, value: int):
-        self.value = value
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._sem: asyncio.Semaphore | None = None
-
-    def get(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        if self._sem is None or loop is not self._loop:
-            self._loop, self._sem = loop, asyncio.Semaphore(self.value)
-        return self._sem
-
-
 class OpenAICompatibleChatModel:
     """A `ChatModel` backed by an OpenAI-compatible endpoint. See the module docstring for the policy.
 
@@ -145,14 +132,16 @@ class OpenAICompatibleChatModel:
     exist so tests can make backoff deterministic or fast. `transport`: "aiohttp" is the SDK's
     `DefaultAioHttpClient` (about half the client CPU per request of the default httpx transport, which
     matters at high concurrency on few cores); "httpx" the SDK default; "auto" = aiohttp when installed.
+    `member_limit`: the pool's slot of this member (`ConcurrencyLimits.per_member`), else a semaphore of its own.
     Use the model inside one event loop and `await aclose()` when done.
     """
 
     def __init__(
         self,
         member: PoolMember,
-        global_limit: asyncio.Semaphore | None = None,
+        global_limit: asyncio.Semaphore | LoopLocalSemaphore | None = None,
         *,
+        member_limit: LoopLocalSemaphore | None = None,
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 30.0,
         max_retry_after_s: float = 120.0,
@@ -175,7 +164,7 @@ class OpenAICompatibleChatModel:
         """Endpoint model name + endpoint: the same name on two servers may be different weights."""
         self.member = member
         self._key = _Secret(key)  # kept only to scrub error texts; masked in any repr
-        self._local_limit = LoopLocalSemaphore(member.max_concurrency)
+        self._local_limit = member_limit if member_limit is not None else LoopLocalSemaphore(member.max_concurrency)
         self._global_limit = global_limit
         self._backoff_base_s = backoff_base_s
         self._backoff_max_s = backoff_max_s

@@ -1,29 +1,37 @@
 """The pool at run time: members + the response store. Every call goes through `Pool.complete_many`
-(`Pool.complete` is the one-request case).
+(`Pool.complete` is the one-request case): one store lookup per request, one concurrency limit.
 
 - A stored response is returned without a call (the stored sample *is* the sample for that prompt: common
   random numbers across CMA-ES candidates).
 - Identical requests in one batch, or in flight at the same time, share one call.
-- The requests left — never-seen nodes — are handed together to the pool's `Expansion`: in process on
-  asyncio worker threads (`InProcessExpansion`, the default), or through a Prefect task runner
-  (`trinity.evolve.engine.TaskRunnerExpansion`: threads, or Dask worker processes). Whatever runs them,
+- The requests left — never-seen nodes — are handed together to the pool's `Executor`, chosen when the pool is
+  built (`build_pool(..., executor=)`): in process (`InProcessExecutor`, the default: HTTP members on the
+  caller's event loop, local models on asyncio worker threads), or through a Prefect task runner
+  (`trinity.evolve.engine.TaskRunnerExecutor`: threads, or Dask worker processes). Whatever runs them,
   responses come back to this process, which alone writes the store (DuckDB: one writer).
+- Concurrency: the pool's `ConcurrencyLimits` (`pool.max_concurrency` in all, `member.max_concurrency` per HTTP
+  member), shared by the members and the task-runner executor (`trinity.pool.base`).
 - Every real call is counted (`calls_made`, `failures`, cost) and recorded as soon as it returns. A sample
   (a reply, or a deterministic failure) is stored as *the* answer to its request, so a rerun pays for
   nothing twice; an outage (transient failure) is logged but not served: the next run asks again
   (`trinity.store` module doc).
+- Callers on other threads (serving plays each episode on a thread and loop of its own) run their requests on
+  the loop that owns the pool (`Pool.run_on`), and see every reply as it is returned (`Pool.observe`: the
+  reply, and whether the store held it), through the same store lookup.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import AsyncIterator, NamedTuple, Protocol, Sequence
+from typing import AsyncIterator, Callable, Iterator, NamedTuple, Protocol, Sequence
 
 from trinity.config import PoolMember, PoolSettings
-from trinity.pool.base import ChatModel
+from trinity.pool.base import ChatModel, ConcurrencyLimits
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 from trinity.store import Store, response_key
 
@@ -59,16 +67,17 @@ class Request(NamedTuple):
     messages: Sequence[ChatMessage]
 
 
-class Expansion(Protocol):
+class Executor(Protocol):
     """Runs the requests no store row or in-flight call answers (never-seen nodes), all of one step.
     Yields (position in `requests`, response) as each call finishes; never touches the store."""
 
     def expand(self, pool: "Pool", requests: Sequence[Request]) -> AsyncIterator[tuple[int, ChatResponse]]: ...
 
 
-class InProcessExpansion:
+class InProcessExecutor:
     """Every request as a coroutine of the member in this process (local models run on asyncio worker
-    threads, one call at a time per loaded model; HTTP members share this event loop)."""
+    threads, one call at a time per loaded model; HTTP members share this event loop and take their slots of
+    the pool's limits while on the wire)."""
 
     async def expand(self, pool: "Pool", requests: Sequence[Request]) -> AsyncIterator[tuple[int, ChatResponse]]:
         async def one(j: int, r: Request):
@@ -78,9 +87,19 @@ class InProcessExpansion:
             yield await fut
 
 
+OnReply = Callable[[Request, ChatResponse, bool], None]
+"""An observer of replies (`Pool.observe`): the request, its reply, and whether the response store held it (else
+it is fresh: a new call, or one shared with an identical request of the batch or in flight)."""
+
+
 class Pool:
+    """Members + settings + the response store, the executor of never-seen requests (fixed at construction) and
+    the concurrency limits (`limits`: the ones its members were built with; default: `member.max_concurrency`
+    per HTTP member, no pool-wide cap)."""
+
     def __init__(self, members: Sequence[ChatModel], settings: Sequence[PoolMember], store: Store | None,
-                 role_max_tokens: dict[str, int] | None = None, expansion: Expansion | None = None):
+                 role_max_tokens: dict[str, int] | None = None, executor: Executor | None = None,
+                 limits: ConcurrencyLimits | None = None):
         if len(members) != len(settings):
             raise ValueError("one PoolMember setting per member")
         self.members = list(members)
@@ -88,10 +107,18 @@ class Pool:
         self.store = store
         self.stats = PoolStats()
         self.role_max_tokens = dict(role_max_tokens or {})
-        self.expansion: Expansion = expansion or InProcessExpansion()
+        self._executor: Executor = executor or InProcessExecutor()
+        self.limits = limits if limits is not None else ConcurrencyLimits(None, self.settings)
         self._inflight: dict[str, asyncio.Future] = {}
         self._sampling: dict[tuple[int, str | None], SamplingParams] = {}
         self._names: list[str] = [m.name for m in self.members]
+        self._caller: contextvars.ContextVar[_Caller] = contextvars.ContextVar(f"pool-caller-{id(self)}",
+                                                                               default=_Caller())
+
+    @property
+    def executor(self) -> Executor:
+        """What runs the never-seen requests (chosen when the pool is built)."""
+        return self._executor
 
     @property
     def names(self) -> list[str]:
@@ -137,11 +164,50 @@ class Pool:
     async def complete(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> ChatResponse:
         return (await self.complete_many([Request(idx, role, self.key(idx, messages, role), messages)]))[0]
 
+    @contextlib.contextmanager
+    def observe(self, on_reply: OnReply) -> Iterator[None]:
+        """Within the block, in this context (this thread, or this task and the tasks it starts), every reply
+        `complete_many` returns is also reported to `on_reply` (the request, the reply, whether the store held
+        it), in request order, before `complete_many` returns: serving's per-episode trace and streaming."""
+        caller = self._caller.get()
+        token = self._caller.set(_Caller(caller.observers + (on_reply,), caller.loop))
+        try:
+            yield
+        finally:
+            self._caller.reset(token)
+
+    @contextlib.contextmanager
+    def run_on(self, loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+        """Within the block, in this context: requests made from any other event loop run on `loop`, the loop
+        that owns the pool (its HTTP clients, in-flight calls and store writes). Serving plays each episode on a
+        thread and loop of its own (an encode must not hold the server's loop)."""
+        caller = self._caller.get()
+        token = self._caller.set(_Caller(caller.observers, loop))
+        try:
+            yield
+        finally:
+            self._caller.reset(token)
+
     async def complete_many(self, requests: Sequence[Request | tuple]) -> list[ChatResponse]:
         """Responses to `requests` (in order): stored ones from the store, repeated or in-flight ones shared,
-        and the never-seen rest expanded together by `self.expansion`."""
+        and the never-seen rest expanded together by `self.executor`. Runs on the loop of `run_on`, if any;
+        reports every reply to the observers of `observe`."""
+        caller = self._caller.get()
+        if caller.loop is not None and caller.loop is not asyncio.get_running_loop():
+            out, stored = await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(self._complete_many(requests), caller.loop))
+        else:
+            out, stored = await self._complete_many(requests)
+        for on_reply in caller.observers:
+            for r, resp, s in zip(requests, out, stored):
+                on_reply(Request(*r), resp, s)
+        return out
+
+    async def _complete_many(self, requests: Sequence[Request | tuple]) -> tuple[list[ChatResponse], list[bool]]:
+        """complete_many's work: (responses, whether each came from the store)."""
         store = self.store
         out: list[ChatResponse | None] = [None] * len(requests)
+        stored = [False] * len(requests)
         fresh: dict[str, list[int]] = {}
         waits: list[tuple[int, asyncio.Future]] = []
         hits = 0
@@ -152,6 +218,7 @@ class Pool:
                 if hit is not None:
                     hits += 1
                     out[i] = hit
+                    stored[i] = True
                     continue
             if key in fresh:
                 hits += 1
@@ -168,7 +235,7 @@ class Pool:
             await self._expand([Request(*requests[ix[0]]) for ix in fresh.values()], list(fresh.values()), out)
         for i, fut in waits:
             out[i] = await asyncio.shield(fut)
-        return out  # type: ignore[return-value]
+        return out, stored  # type: ignore[return-value]
 
     async def _expand(self, todo: list[Request], positions: list[list[int]], out: list) -> None:
         loop = asyncio.get_running_loop()
@@ -179,7 +246,7 @@ class Pool:
             self._inflight[r.key] = fut
             futs.append(fut)
         try:
-            async for j, resp in self.expansion.expand(self, todo):
+            async for j, resp in self._executor.expand(self, todo):
                 resp = self._record(todo[j], resp)
                 progress.done_one()
                 futs[j].set_result(resp)
@@ -187,7 +254,7 @@ class Pool:
                     out[i] = resp
             missing = [todo[j].key for j, f in enumerate(futs) if not f.done()]
             if missing:
-                raise RuntimeError(f"pool expansion returned no response for {len(missing)} request(s)")
+                raise RuntimeError(f"pool executor returned no response for {len(missing)} request(s)")
         except BaseException as e:
             for f in futs:
                 if not f.done():
@@ -216,6 +283,14 @@ class Pool:
         return resp
 
 
+@dataclass(frozen=True)
+class _Caller:
+    """What `Pool.observe` and `Pool.run_on` set for a context: its reply observers, the loop its requests run on."""
+
+    observers: tuple[OnReply, ...] = ()
+    loop: asyncio.AbstractEventLoop | None = None
+
+
 PROGRESS_EVERY_S = 20.0
 """A batch of new calls that runs longer than this reports its progress at this interval (stderr)."""
 
@@ -242,13 +317,12 @@ class _BatchProgress:
               file=sys.stderr, flush=True)
 
 
-def build_members(pool: PoolSettings) -> list[ChatModel]:
-    """Instantiate every configured member. Fails before any work on an unknown backend or missing key."""
+def build_members(pool: PoolSettings, limits: ConcurrencyLimits | None = None) -> list[ChatModel]:
+    """Instantiate every configured member, HTTP members under `limits` (default: new ones from `pool`). Fails
+    before any work on an unknown backend or missing key."""
     members: list[ChatModel] = []
-    from trinity.pool.openai_compat import LoopLocalSemaphore
-
-    global_limit = LoopLocalSemaphore(pool.max_concurrency)
-    for m in pool.members:
+    limits = limits if limits is not None else ConcurrencyLimits(pool.max_concurrency, pool.members)
+    for i, m in enumerate(pool.members):
         if m.backend == "local":
             from trinity.pool.local import LocalChatModel
 
@@ -256,11 +330,15 @@ def build_members(pool: PoolSettings) -> list[ChatModel]:
         elif m.backend == "openai":
             from trinity.pool.openai_compat import OpenAICompatibleChatModel
 
-            members.append(OpenAICompatibleChatModel(m, global_limit))
+            members.append(OpenAICompatibleChatModel(m, limits.total, member_limit=limits.per_member[i]))
         else:  # config validation already restricts this; kept for direct callers
             raise ValueError(f"pool member {m.name!r}: unknown backend {m.backend!r}")
     return members
 
 
-def build_pool(pool: PoolSettings, store: Store | None, role_max_tokens: dict[str, int] | None = None) -> Pool:
-    return Pool(build_members(pool), pool.members, store, role_max_tokens)
+def build_pool(pool: PoolSettings, store: Store | None, role_max_tokens: dict[str, int] | None = None,
+               executor: Executor | None = None) -> Pool:
+    """The pool of `pool`'s members over `store`. executor: what runs never-seen requests (default: in process;
+    `trinity.evolve.engine.executor_for` picks the task runner of `evolve.task_runner`)."""
+    limits = ConcurrencyLimits(pool.max_concurrency, pool.members)
+    return Pool(build_members(pool, limits), pool.members, store, role_max_tokens, executor, limits)

@@ -1,10 +1,11 @@
 """One pool call away from the main process: the body of a Prefect task on a thread or a Dask worker.
 
 Plain data in and out (member settings, messages, sampling → response fields), so it pickles to any
-worker process. A local member is built once per process and its GGUF is loaded once per process
-(`trinity.pool.local` keeps loaded models); an HTTP member gets a fresh client per call (an async client
-belongs to one event loop). This module never imports the store: workers return responses and the main
-process, the store's only writer, records them.
+worker process. Each process builds a member once, on its first request, and keeps it (`PROCESS_MEMBERS`): a
+local member's GGUF is loaded once per process (`trinity.pool.local.LLAMA_MODELS`), and an HTTP member keeps its
+client (its connections) and its `max_concurrency` across calls. This module never imports the store: workers
+return responses and the main process, the store's only writer, records them. The pool-wide limits are the main
+process's (`ConcurrencyLimits`: it holds a request's slots until the reply is back).
 """
 from __future__ import annotations
 
@@ -18,34 +19,65 @@ from typing import Any
 from trinity.config import PoolMember
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 
-_LOCAL_MEMBERS: dict[str, Any] = {}
-_LOCK = threading.Lock()
+
+class ProcessMembers:
+    """The pool members this process has built to run requests for a pool whose owner is another process (a
+    Dask worker's) or another loop (Prefect's thread runner in the main process): one per member setting, built
+    on its first request and kept for the life of the process.
+
+    A local member's calls run on the calling task's thread (`LocalChatModel.generate`). An HTTP member's run on
+    one event loop of this process, on a daemon thread of its own: an async client belongs to one loop, so one
+    loop lets every task thread share the member's client and its per-member limit (a task thread waits for its
+    call's result)."""
+
+    def __init__(self) -> None:
+        self._members: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def member(self, settings: PoolMember):
+        """The member of `settings` in this process (built now if it is not yet)."""
+        key = settings.model_dump_json()
+        with self._lock:
+            m = self._members.get(key)
+            if m is None:
+                if settings.backend == "local":
+                    from trinity.pool.local import LocalChatModel
+
+                    m = LocalChatModel(settings)
+                else:
+                    from trinity.pool.openai_compat import OpenAICompatibleChatModel
+
+                    m = OpenAICompatibleChatModel(settings)
+                self._members[key] = m
+            return m
+
+    def _http_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="pool-http-members", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def run(self, settings: PoolMember, messages: list[ChatMessage], sampling: SamplingParams) -> ChatResponse:
+        """One call of the member of `settings` (blocking); model-side failures come back as a failed response."""
+        m = self.member(settings)
+        if settings.backend == "local":
+            return m.generate(messages, sampling)
+        return asyncio.run_coroutine_threadsafe(m.chat(messages, sampling), self._http_loop()).result()
 
 
-def _local_member(member: PoolMember):
-    from trinity.pool.local import LocalChatModel
-
-    key = member.model_dump_json()
-    with _LOCK:
-        m = _LOCAL_MEMBERS.get(key)
-        if m is None:
-            m = _LOCAL_MEMBERS[key] = LocalChatModel(member)
-        return m
-
-
-async def _remote_call(member: PoolMember, messages: list[ChatMessage], sampling: SamplingParams) -> ChatResponse:
-    from trinity.pool.openai_compat import OpenAICompatibleChatModel
-
-    async with OpenAICompatibleChatModel(member) as model:
-        return await model.chat(messages, sampling)
+PROCESS_MEMBERS = ProcessMembers()
+"""The members this process runs requests with for a task runner (see ProcessMembers)."""
 
 
 def worker_info() -> dict[str, Any]:
     """Who ran a call: process id, the models this process has loaded, and whether it imported DuckDB
     (it must not: one writer)."""
-    from trinity.pool import local
+    from trinity.pool.local import LLAMA_MODELS
 
-    return {"pid": os.getpid(), "models_loaded": list(local.LOADS), "duckdb_imported": "duckdb" in sys.modules}
+    return {"pid": os.getpid(), "models_loaded": list(LLAMA_MODELS.loads), "duckdb_imported": "duckdb" in sys.modules}
 
 
 def expand_request(member: dict, messages: list[list[str]], sampling: dict) -> tuple[dict, dict]:
@@ -53,9 +85,5 @@ def expand_request(member: dict, messages: list[list[str]], sampling: dict) -> t
     failed response (ok=False), as from any ChatModel."""
     m = PoolMember.model_validate(member)
     msgs = [ChatMessage(role, content) for role, content in messages]
-    sp = SamplingParams(**sampling)
-    if m.backend == "local":
-        resp = _local_member(m).generate(msgs, sp)
-    else:
-        resp = asyncio.run(_remote_call(m, msgs, sp))
+    resp = PROCESS_MEMBERS.run(m, msgs, SamplingParams(**sampling))
     return dataclasses.asdict(resp), worker_info()

@@ -32,11 +32,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from trinity.coordinator import policy
 from trinity.records import ChatMessage, ChatResponse, Task, stable_hash
+
+if TYPE_CHECKING:
+    from trinity.pool.runtime import Request
 
 ANSWER_FORMATS: dict[str, str] = {"free": "judge", "math": "math", "choice": "choice", "code": "code"}
 """`answer_format` → the task grader whose answer-format instruction the Worker gets (`roles.ANSWER_FORMAT`):
@@ -57,10 +61,6 @@ class ConversationError(ValueError):
 
 EPISODE_THREADS = 64
 """Episodes played at once (each waits on its pool calls most of the time); more wait for a thread."""
-
-
-class CheckpointError(ValueError):
-    """The checkpoint does not fit the params (pool, head shape) or is missing."""
 
 
 # ------------------------------------------------------------------------------------------ messages
@@ -243,56 +243,6 @@ class EpisodeResult:
                 "conversation": {"history": [list(h) for h in self.task.history], "query": self.task.query}}
 
 
-class _PoolView:
-    """A pool seen through a wrapper: everything but `complete_many` is the wrapped pool's."""
-
-    def __init__(self, pool):
-        self._pool = pool
-        self.store = pool.store
-
-    def __len__(self) -> int:
-        return len(self._pool)
-
-    @property
-    def names(self) -> list[str]:
-        return self._pool.names
-
-    def signature(self) -> tuple:
-        return self._pool.signature()
-
-    def key(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> str:
-        return self._pool.key(idx, messages, role)
-
-
-class _ObservedPool(_PoolView):
-    """The pool as one episode sees it: every reply is also reported to `on_call` (member index, role, reply,
-    whether the store already held it) as soon as it arrives, for the trace and for streaming."""
-
-    def __init__(self, pool, on_call: Callable[[int, str | None, ChatResponse, bool], None]):
-        super().__init__(pool)
-        self._on_call = on_call
-
-    async def complete_many(self, requests: Sequence) -> list[ChatResponse]:
-        store = self.store
-        stored = [store is not None and store.get_response(r[2]) is not None for r in requests]
-        replies = await self._pool.complete_many(requests)
-        for r, resp, s in zip(requests, replies, stored):
-            self._on_call(r[0], r[1], resp, s)
-        return replies
-
-
-class _PoolOnLoop(_PoolView):
-    """The pool, seen from an episode's own thread and loop: requests run on `loop`, the loop that owns the pool."""
-
-    def __init__(self, pool, loop: asyncio.AbstractEventLoop):
-        super().__init__(pool)
-        self._loop = loop
-
-    async def complete_many(self, requests: Sequence) -> list[ChatResponse]:
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._pool.complete_many(requests),
-                                                                          self._loop))
-
-
 class _SerialStates:
     """The StateCache for episodes on several threads: one lookup (and so one encode) at a time."""
 
@@ -312,57 +262,31 @@ def _ungraded(task: Task, answer: str) -> float:
     return 0.0  # a served conversation has no reference answer
 
 
-def checkpoint_stem(path: str | Path) -> Path:
-    """`data/checkpoints` (a directory holding coordinator.npy + .json), or the stem / either file."""
-    p = Path(path)
-    if p.is_dir():
-        stems = sorted({f.with_suffix("") for f in p.glob("*.npy") if f.with_suffix(".json").exists()})
-        if len(stems) != 1:
-            raise CheckpointError(f"checkpoint directory {p}: expected one <name>.npy + <name>.json pair, found "
-                                  f"{[s.name for s in stems] or 'none'}")
-        return stems[0]
-    stem = p.with_suffix("") if p.suffix in (".npy", ".json") else p
-    if not (stem.with_suffix(".npy").exists() and stem.with_suffix(".json").exists()):
-        raise CheckpointError(f"checkpoint {p}: expected {stem.name}.npy and {stem.name}.json beside each other "
-                              "(train one with `dvc repro` or `trinity stage evolve`)")
-    return stem
-
-
 class Coordinator:
     """A trained coordinator loaded to answer conversations: settings, pool, encoder, store and head, built once
     and shared by every request. Call `answer` from one event loop: it owns the pool (HTTP clients, in-flight
     calls, store writes); each episode plays on a thread of its own (module doc)."""
 
-    def __init__(self, settings, params: np.ndarray, meta: dict, store, *, encoder=None, pool=None,
-                 checkpoint_path: str = ""):
-        from trinity.stages import common as stage_common, paths as stage_paths, run_stage
-        from trinity.coordinator.episode import StateCache
-        from trinity.coordinator.features import checkpoint_features
-        from trinity.evaluation.run import policy_from_params
+    def __init__(self, settings, checkpoint: policy.Policy, store, *, encoder=None, pool=None):
+        """`checkpoint`: the trained policy (`policy.Policy.load`), checked against `settings` and the encoder
+        (`Policy.check`: a `policy.CheckpointError` when it does not fit them)."""
         from trinity.pool.runtime import build_pool
         from trinity.evaluation.traces import TraceLog
 
+        checkpoint.check(settings)  # before the pool and the encoder are built
         self.settings = settings
         self.store = store
-        self.pool = pool if pool is not None else build_pool(settings.pool, store, stage_common.role_caps(settings))
-        trained = [p["name"] for p in meta.get("pool", [])]
-        if trained != self.pool.names:
-            raise CheckpointError(f"checkpoint {checkpoint_path or '?'} was trained on pool {trained}, but "
-                                  f"{settings.source_path or 'the params'} configures {self.pool.names}: use the "
-                                  "params the checkpoint was trained with")
-        self.encoder = encoder if encoder is not None else stage_common.make_encoder(settings)
-        self.states = StateCache(self.encoder, store, features=checkpoint_features(meta))
-        try:
-            delta, self.head = policy_from_params(settings, params, len(self.pool), self.states)
-        except ValueError as e:
-            raise CheckpointError(f"checkpoint {checkpoint_path or '?'} does not fit encoder "
-                                  f"{self.encoder.encoder_id} and pool {self.pool.names}: {e}") from None
+        self.checkpoint = checkpoint
+        self.pool = pool if pool is not None else build_pool(settings.pool, store, policy.role_caps(settings))
+        self.encoder = encoder if encoder is not None else policy.make_encoder(settings)
+        checkpoint.check(settings, self.encoder)
+        self.states = checkpoint.states(self.encoder, store)
+        delta, self.head = checkpoint.split(settings, self.encoder)
         self.adapters = None if delta is None else [delta]
-        self.meta = meta
-        self.checkpoint_path = checkpoint_path
+        self.checkpoint_path = str(checkpoint.path)
         self.checkpoint_id = stable_hash({
-            "params": hashlib.sha256(np.ascontiguousarray(params, dtype=np.float64).tobytes()).hexdigest(),
-            "features": meta.get("features"), "encoder": self.encoder.encoder_id,
+            "params": hashlib.sha256(np.ascontiguousarray(checkpoint.params, dtype=np.float64).tobytes()).hexdigest(),
+            "features": checkpoint.meta.get("features"), "encoder": self.encoder.encoder_id,
             "pool": repr(self.pool.signature()), "coordinator": settings.coordinator.model_dump()})[:16]
         self.traces = TraceLog(store)
         self._owns_store = False
@@ -377,17 +301,15 @@ class Coordinator:
         writer=False: a reader when another process writes it (`Store.open_or_read`: then what this process
         computes is not saved)."""
         from trinity.config import load_settings
-        from trinity.evolve.sep_cma import load_checkpoint
         from trinity.store import Store
         from trinity.redact import register_pool
 
         settings = load_settings(params)
         register_pool(settings.pool)
-        stem = checkpoint_stem(checkpoint)
-        flat, meta = load_checkpoint(stem)
+        trained = policy.Policy.load(checkpoint)
         store = Store(store_path) if writer else Store.open_or_read(store_path)
         try:
-            coordinator = cls(settings, flat, meta, store, encoder=encoder, checkpoint_path=str(stem))
+            coordinator = cls(settings, trained, store, encoder=encoder)
         except BaseException:
             store.close()
             raise
@@ -421,19 +343,19 @@ class Coordinator:
         t0 = time.perf_counter()
         records: list[TurnRecord] = []
 
-        def on_call(idx: int, role: str | None, resp: ChatResponse, stored: bool) -> None:  # on the episode's thread
-            rec = TurnRecord.of(len(records), self.pool.names[idx], role, resp, stored)
+        def on_reply(r: Request, resp: ChatResponse, stored: bool) -> None:  # on the episode's thread
+            rec = TurnRecord.of(len(records), self.pool.names[r.idx], r.role, resp, stored)
             records.append(rec)
             if on_turn is not None:
                 loop.call_soon_threadsafe(on_turn, rec)
 
         ep = Episode(task=task, candidate=0, rng=None)
-        pool = _ObservedPool(_PoolOnLoop(self.pool, loop), on_call)
         states = _SerialStates(self.states, self._states_lock)
 
-        def play() -> None:
-            asyncio.run(play_episodes([ep], [self.head], pool, states, self.settings.coordinator.max_turns,
-                                      self.settings.reward, _ungraded, adapters=self.adapters))
+        def play() -> None:  # the episode's requests run on `loop`, which owns the pool; its replies are traced
+            with self.pool.run_on(loop), self.pool.observe(on_reply):
+                asyncio.run(play_episodes([ep], [self.head], self.pool, states, self.settings.coordinator.max_turns,
+                                          self.settings.reward, _ungraded, adapters=self.adapters))
 
         await loop.run_in_executor(self._episode_threads, play)
         answered_by = next((t.model for t in reversed(ep.turns) if is_answer(t)), None) if ep.answer else None
@@ -452,10 +374,10 @@ class Coordinator:
         idx = self.member_index(name)
         if idx is None:
             raise KeyError(name)
-        store = self.pool.store
-        stored = store is not None and store.get_response(self.pool.key(idx, messages)) is not None
-        resp = await self.pool.complete(idx, messages)
-        return TurnRecord.of(0, name, None, resp, stored)
+        turns: list[TurnRecord] = []
+        with self.pool.observe(lambda r, resp, stored: turns.append(TurnRecord.of(0, name, None, resp, stored))):
+            await self.pool.complete(idx, messages)
+        return turns[0]
 
 
 def answer_now(coordinator: Coordinator, task: Task) -> EpisodeResult:

@@ -1,22 +1,8 @@
-"""What more than one stage needs: the encoder and role caps the settings name, and the prepared splits (re-checked
-by the contamination guard)."""
+"""What more than one stage needs: the prepared splits (re-checked by the contamination guard). The encoder and
+role caps the settings name are the trained policy's (`trinity.coordinator.policy`)."""
 from __future__ import annotations
 
-from trinity.config import Settings
 from trinity.stages.paths import SPLIT_FILES, Paths
-
-
-def make_encoder(settings: Settings):
-    from trinity.coordinator.encoder import TranscriptEncoder
-
-    c = settings.coordinator
-    return TranscriptEncoder(c.encoder, max_tokens=c.max_encode_tokens, svf_layer=c.svf_layer, dtype=c.encoder_dtype,
-                             chunk_tokens=c.encode_chunk_tokens)
-
-
-def role_caps(settings: Settings) -> dict[str, int]:
-    c = settings.coordinator
-    return {"thinker": c.thinker_max_tokens, "verifier": c.verifier_max_tokens}
 
 
 def load_tasks(paths: Paths):

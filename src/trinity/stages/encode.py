@@ -6,7 +6,7 @@ import time
 
 from trinity.config import Settings
 from trinity.files import write_json
-from trinity.stages import common
+from trinity.coordinator import policy
 from trinity.stages.common import load_tasks
 from trinity.stages.paths import Paths
 
@@ -17,7 +17,7 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     from trinity.store import Store, text_key
 
     tasks = [t for split in load_tasks(paths) for t in split]
-    encoder = common.make_encoder(settings)
+    encoder = policy.make_encoder(settings)
     t0 = time.perf_counter()
     with Store(paths.store) as store:
         cache = StateCache(encoder, store)

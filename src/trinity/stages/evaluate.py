@@ -8,8 +8,8 @@ from trinity.config import Settings
 from trinity.files import atomic_open, write_json
 from trinity.stages.lineage import lineage
 from trinity.grading import grade
-from trinity.stages import common
-from trinity.stages.common import load_tasks, role_caps
+from trinity.coordinator import policy
+from trinity.stages.common import load_tasks
 from trinity.stages.paths import Paths
 
 
@@ -33,11 +33,9 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     (the table with its intervals), metrics.json (numbers only, for DVC) and episodes.jsonl (every item's
     turns), as described in docs/eval_results_schema.md."""
     from trinity.code_version import code_version
-    from trinity.coordinator.episode import StateCache
-    from trinity.coordinator.features import checkpoint_features
     from trinity.data.splits import HELDOUT_SOURCES
+    from trinity.evaluation.results import EvalResults
     from trinity.evaluation.run import HELDOUT, IN_DISTRIBUTION, evaluate as run_eval, summarise
-    from trinity.evolve.sep_cma import load_checkpoint
     from trinity.grading import preflight
     from trinity.grading.judge import MTBenchJudge, judge_pool, load_judge_prompts
     from trinity.pool.errors import check_pool_config
@@ -48,19 +46,8 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     check_pool_config(settings.pool)
     splits = load_tasks(paths)
     tasks = {IN_DISTRIBUTION: splits.in_distribution, HELDOUT: splits.heldout}
-    params, meta = load_checkpoint(paths.checkpoint)
-    pool_names = [m.name for m in settings.pool.members]
-    if [p["name"] for p in meta["pool"]] != pool_names:
-        raise ValueError(f"checkpoint {paths.checkpoint}.json was trained on pool {[p['name'] for p in meta['pool']]}, "
-                         f"but params pool.members is {pool_names}: rerun evolve")
-    if meta.get("svf_layer") != settings.coordinator.svf_layer:
-        raise ValueError(f"checkpoint {paths.checkpoint}.json was trained with coordinator.svf_layer "
-                         f"{meta.get('svf_layer')!r}, params say {settings.coordinator.svf_layer!r}: rerun evolve")
-    features = checkpoint_features(meta)
-    if (features is None) != (settings.coordinator.feature_norm == "none"):
-        raise ValueError(f"checkpoint {paths.checkpoint}.json was trained with coordinator.feature_norm "
-                         f"{meta.get('features', {}).get('norm', 'none')!r}, params say "
-                         f"{settings.coordinator.feature_norm!r}: rerun evolve")
+    trained = policy.Policy.load(paths.checkpoint)
+    trained.check(settings)
     preflight([*splits.in_distribution, *splits.heldout])
     judged = any(t.grader == "judge" for ts in tasks.values() for t in ts)
     judge_settings, judge_in_pool = _judge_member(settings)
@@ -69,18 +56,16 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     prompts = load_judge_prompts(settings.data.resolved_root()) if judged else None
     if judged and judge_settings.backend == "openai":
         check_pool_config(settings.pool.model_copy(update={"members": [judge_settings]}))
-    encoder = common.make_encoder(settings)
-    if meta["encoder"] != encoder.encoder_id:
-        raise ValueError(f"checkpoint encoder {meta['encoder']!r} differs from configured {encoder.encoder_id!r}")
+    encoder = policy.make_encoder(settings)
+    trained.check(settings, encoder)
     ev = settings.evaluate
     with Store(paths.store) as store:
-        pool = build_pool(settings.pool, store, role_caps(settings))
+        pool = build_pool(settings.pool, store, policy.role_caps(settings))
         judge = None
         if judged:
             judge = MTBenchJudge(judge_pool(judge_settings, ev.judge_max_tokens, store, settings.pool.max_concurrency),
                                  prompts)
-        run = run_eval(settings, params, tasks, pool, StateCache(encoder, store, features=features), grade,
-                       judge=judge)
+        run = run_eval(settings, trained.params, tasks, pool, trained.states(encoder, store), grade, judge=judge)
         judge_info = None
         if judge is not None:
             judge_info = {"name": judge_settings.name, "model_id": judge.pool.members[0].model_id,
@@ -92,8 +77,8 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
             "judge": judge_info,
             "seeds": {"data": settings.data.seed, "evolve": settings.evolve.seed, "evaluate": ev.seed,
                       "random_routing": ev.random_routing_seed},
-            "checkpoint": {k: meta.get(k) for k in ("run_fingerprint", "code_version", "method", "generations",
-                                                    "params_hash")},
+            "checkpoint": {k: trained.meta.get(k) for k in ("run_fingerprint", "code_version", "method",
+                                                            "generations", "params_hash")},
             "eval_code_version": code_version(),
             "pool": [{"name": m.name, "model_id": m.model_id} for m in pool.members],
             "never_trained_on": {
@@ -112,12 +97,13 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     with atomic_open(paths.eval_dir / "episodes.jsonl") as f:
         for item in run.items:
             f.write(json.dumps(item.row(), default=str) + "\n")
-    write_json(paths.eval_dir / "results.json", out)
-    metrics = _eval_metrics(out)
+    results = EvalResults.from_dict(out)  # checked against docs/eval_results_schema.md before it is written
+    results.write(paths.eval_dir / "results.json")
+    metrics = results.dvc_metrics()
     write_json(paths.eval_dir / "metrics.json", metrics)
     _raise_on_outages(run.items)  # after writing: nothing computed is lost, and the retry pays only the outages
     if tracker is not None:
-        tracker.log_eval_results(out)
+        tracker.log_eval_results(results)
     lineage(tracker, uses=("prepared", "checkpoint"), logs="eval",
              files=[paths.eval_dir / n for n in ("results.json", "metrics.json", "episodes.jsonl")],
              metadata={"averages": out["averages"], "checkpoint": out["checkpoint"]})
@@ -125,13 +111,13 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
 
 
 def _raise_on_outages(items) -> None:
-    """OutageError when items are unscored because a call failed transiently (evaluation marks them "outage: ..."):
+    """OutageError when items are unscored because a call failed transiently (`ItemResult.unscored_by_outage`):
     how many, by which members, and that a rerun asks only those calls again (every other reply is stored)."""
     from collections import Counter
 
     from trinity.coordinator.episode import OutageError, is_outage
 
-    out = [it for it in items if (it.error or "").startswith("outage:")]
+    out = [it for it in items if it.unscored_by_outage]
     if not out:
         return
     by = Counter(next((t.model for _, t in it.turns if is_outage(t)), "?") for it in out)
@@ -142,13 +128,3 @@ def _raise_on_outages(items) -> None:
         f"{', '.join(f'{m}: {k}' for m, k in sorted(methods.items()))}). The results are written with those items "
         "unscored; every other reply is in the store, so a rerun (the stage task retries) asks only the failed calls "
         "again")
-
-
-def _eval_metrics(res: dict) -> dict:
-    """The DVC metrics file: {method: {benchmark: score, avg_in_distribution, avg_heldout}}, numbers only."""
-    out = {}
-    for method, per in res["scores"].items():
-        row = {b: c["score"] for b, c in per.items() if c["score"] is not None}
-        row |= {f"avg_{split}": v for split, v in res["averages"].get(method, {}).items() if v is not None}
-        out[method] = row
-    return out

@@ -12,8 +12,8 @@ from trinity.files import write_json
 from trinity.stages.lineage import lineage
 from trinity.code_version import run_id
 from trinity.grading import grade
-from trinity.stages import common
-from trinity.stages.common import load_tasks, role_caps
+from trinity.coordinator import policy
+from trinity.stages.common import load_tasks
 from trinity.stages.paths import Paths
 
 
@@ -72,20 +72,21 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     from trinity.code_version import code_version
     from trinity.coordinator.episode import StateCache
     from trinity.coordinator.features import features_json
-    from trinity.evolve.sep_cma import save_checkpoint, saved_fitness_episodes
+    from trinity.evolve.sep_cma import saved_fitness_episodes
     from trinity.pool.errors import check_pool_config
+    from trinity.evolve.engine import executor_for
     from trinity.pool.runtime import build_pool
     from trinity.store import Store
 
     check_pool_config(settings.pool)
     train = load_tasks(paths).train
-    encoder = common.make_encoder(settings)
+    encoder = policy.make_encoder(settings)
     paths.evolve_dir.mkdir(parents=True, exist_ok=True)
     # the resume state is this checkout's own (a queued experiment's copy does not share the workspace's)
     resume = paths.data / "store" / "evolve_state.pkl"
     resume.parent.mkdir(parents=True, exist_ok=True)
     with Store(paths.store) as store:
-        pool = build_pool(settings.pool, store, role_caps(settings))
+        pool = build_pool(settings.pool, store, policy.role_caps(settings), executor=executor_for(settings.evolve))
         states = StateCache(encoder, store)
         result = _train(settings, train, pool, states, store, resume_path=resume,
                         run_id=run_id(settings, "evolve"), on_generation=generation_logger(tracker, pool.names))
@@ -106,7 +107,7 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
             "final_mean_fitness": result.history[-1].mean_fitness if result.history else None,
             "train_tasks": [t.id for t in train],
         }
-        save_checkpoint(paths.checkpoint, result.params, meta)
+        policy.save_checkpoint(paths.checkpoint, result.params, meta)
         history = [asdict(r) for r in result.history]
         write_json(paths.evolve_dir / "history.json", history)
         metrics = {"saved_fitness": result.saved_fitness, "best_candidate_fitness": result.best_candidate_fitness,

@@ -1,0 +1,156 @@
+"""The episode loop plays the games it has always played: the picks, turns, rewards and pool calls of a
+fixed scenario are pinned to what the loop produced when the committed run was made (recorded from the
+memoised loop of commit 4324d13, itself checked then against the plain loop of commit 4a14eb0). With and
+without a store, sampled and argmax, with and without `stop_on_outage`, with the run's memo and without one
+(memoisation changes no result). A change that alters a draw, a prompt, a parse or the reward fails here; so
+does a numpy whose seeding or `Generator.choice` draws differently (the committed run's replay would not
+reproduce under it either)."""
+import asyncio
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from trinity.config import PoolMember, RewardSettings
+from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, pick, play_episodes
+from trinity.pool.runtime import Pool
+from trinity.records import ChatResponse, Task
+from trinity.store import Store
+
+
+class HashModel:
+    """Deterministic replies that depend on the prompt, so rollout trees branch; some fail, some carry
+    quotes, newlines, tabs and non-ASCII."""
+
+    def __init__(self, name):
+        self.name, self.model_id, self.calls = name, f"hash:{name}", 0
+
+    async def chat(self, messages, sampling):
+        self.calls += 1
+        text = messages[-1].content
+        h = hashlib.sha256(f"{self.name}|{sampling}|{text}".encode()).digest()
+        if h[4] % 11 == 0:
+            return ChatResponse(text="", ok=False, error="boom", model=self.model_id)
+        if "ACCEPT or REJECT" in text:
+            reply = "looks \"right\"\nVerdict: ACCEPT" if h[0] % 2 else "no\n**Verdict:** REJECT"
+        elif "<suggestion>" in text:
+            role = ["worker", "verifier", "thinker", None][h[2] % 4]
+            reply = f"<suggestion>try «{h[1]}»\nagain</suggestion>" + (f"<suggested_role>{role}</suggested_role>" if role else "")
+        else:
+            reply = f"Step {h[1]}: so \\boxed{{{h[3] % 7}}}\n"
+        return ChatResponse(text=reply, model=self.model_id, prompt_tokens=len(text) // 4, completion_tokens=5,
+                            cost_usd=1e-6 * (h[5] + 1))
+
+
+class HashEncoder:
+    encoder_id, dim = "hash-encoder", 16
+
+    def encode(self, texts):
+        return np.stack([np.frombuffer(hashlib.sha256(t.encode()).digest()[:16], np.uint8).astype(np.float32) / 255 - 0.5
+                         for t in texts])
+
+
+TASKS = [Task(id=f"t/{i}", source="gsm8k", prompt=(q,), grader="math", answer="5")
+         for i, q in enumerate(["What is 2+3?", "What is 1+4? \"quoted\"\nnew line", "Compute 10-5 — naïvely."])]
+
+
+def grade(task, text):
+    return 1.0 if "\\boxed{5}" in text else 0.0
+
+
+def _pool(store):
+    models = [HashModel("a"), HashModel("b"), HashModel("c")]
+    return Pool(models, [PoolMember(name=m.name, backend="local", model="x") for m in models], store,
+                {"verifier": 8}), models
+
+
+def _episodes(n_cand, sample, gen):
+    pairs = [(c, t) for c in range(n_cand) for t in TASKS]
+    return [Episode(task=t, candidate=c, rng=episode_rng(7, gen, c, t.id) if sample else None) for c, t in pairs]
+
+
+def _summary(eps):
+    return [[e.candidate, e.task.id, e.path, [[t.model, t.role.value, t.text, t.ok] for t in e.turns], e.reward,
+             e.correct, round(e.cost_usd, 12), e.verifier_first, e.outage] for e in eps]
+
+
+def _digest(eps) -> str:
+    return hashlib.sha256(json.dumps(_summary(eps)).encode()).hexdigest()[:16]
+
+
+PINNED = {  # (with_store, stop_on_outage) -> per generation: (summary digest, calls made, store hits, calls per member)
+    (True, False): [("cc228dd355f7f77f", 91, 61, [34, 27, 30]), ("1b6bcde3efba9e10", 71, 98, [19, 22, 30]),
+                    ("197099e56b6334ef", 58, 112, [17, 16, 25])],
+    (False, False): [("cc228dd355f7f77f", 100, 52, [38, 31, 31]), ("1b6bcde3efba9e10", 126, 43, [42, 37, 47]),
+                     ("197099e56b6334ef", 123, 47, [42, 38, 43])],
+    (True, True): [("b9a98b9a0f8e0b78", 77, 49, [30, 23, 24]), ("af88b296ba0cd753", 62, 88, [17, 20, 25]),
+                   ("316eeea8d4f02309", 50, 101, [16, 14, 20])],
+}
+"""Generations 0 and 1 sampled (seeds (7, gen, candidate, task)), generation 2 argmax; 24 heads x 3 tasks."""
+
+FIRST_GAMES = [  # generation 0, with a store, without stop_on_outage: the first six episodes (candidate 0, 1)
+    ([["2", "worker"], ["0", "thinker"], ["2", "worker"], ["2", "verifier"]], None),  # its first call failed
+    ([["2", "verifier"]], 0.0),  # a Verifier before any answer
+    ([["2", "verifier"]], 0.0),
+    ([["0", "worker"], ["2", "worker"], ["1", "worker"], ["1", "thinker"]], 0.13706961562598766),
+    ([["2", "verifier"]], 0.0),
+    ([["2", "worker"], ["1", "verifier"], ["1", "thinker"], ["2", "verifier"]], None),
+]
+
+
+@pytest.mark.parametrize("with_store,stop_on_outage", list(PINNED))
+@pytest.mark.parametrize("memo", ["run", "none"])
+def test_loop_plays_the_pinned_games(tmp_path, with_store, stop_on_outage, memo):
+    rng = np.random.default_rng(3)
+    heads = [rng.standard_normal((6, 16)) * s for s in (0.5, 2, 8, 30) for _ in range(6)]
+    reward = RewardSettings(diversity_weight=0.15, turn_penalty_weight=0.1, cost_weight=0.5)
+    trees = RolloutTrees() if memo == "run" else None
+    outages = 0
+    for gen, (sample, pinned) in enumerate(zip([True, True, False], PINNED[(with_store, stop_on_outage)])):
+        store = Store(tmp_path / "s.duckdb") if with_store else None
+        try:
+            pool, models = _pool(store)
+            eps = _episodes(len(heads), sample, gen)
+            asyncio.run(play_episodes(eps, heads, pool, StateCache(HashEncoder(), store), 4, reward, grade,
+                                      trees=trees, stop_on_outage=stop_on_outage))
+        finally:
+            if store is not None:
+                store.close()
+        if gen == 0 and not stop_on_outage:
+            assert [(e.path, e.reward) for e in eps[:6]] == FIRST_GAMES
+        assert (_digest(eps), pool.stats.calls_made, pool.stats.store_hits, [m.calls for m in models]) == pinned
+        outages += sum(e.outage for e in eps)
+    assert outages  # some episodes hit an outage (HashModel's failures): the rule is exercised
+
+
+def test_episode_draws_are_pinned():
+    """`episode_rng`'s streams (numpy's SeedSequence + PCG64 seeding; a task id enters by its stable hash), and
+    `pick`'s draws: `Generator.choice(n, p)` takes one uniform and inverts the normalised CDF."""
+    g = episode_rng(0, 3, 5, "math500/test/12")
+    assert [g.random() for _ in range(4)] == [0.5946342387664595, 0.4755738058497767, 0.2994698768100368,
+                                              0.6705741419807986]
+    g = episode_rng(0, "saved-fitness", 0, "mmlu/x")
+    assert [g.random() for _ in range(2)] == [0.2510792795972633, 0.8146929842830531]
+    rng = np.random.default_rng(1)
+    for k in range(300):
+        n = 3 + k % 5
+        p_model = rng.dirichlet(np.full(n, 0.3 + k % 3))
+        p_role = rng.dirichlet(np.ones(3))
+        got = pick(episode_rng(k, "t"), p_model, p_role)
+        u = episode_rng(k, "t")
+        want = tuple(int((np.cumsum(p) / np.cumsum(p)[-1] <= u.random()).sum()) for p in (p_model, p_role))
+        assert got == want
+    assert pick(None, np.array([0.2, 0.5, 0.3]), np.array([0.6, 0.3, 0.1])) == (1, 0)
+
+
+def test_keep_features_records_each_pick():
+    pool, _ = _pool(None)
+    heads = [np.random.default_rng(c).standard_normal((6, 16)) for c in range(4)]
+    eps = _episodes(4, True, 0)
+    asyncio.run(play_episodes(eps, heads, pool, StateCache(HashEncoder(), None), 4, RewardSettings(), grade,
+                              keep_features=True))
+    for e in eps:
+        assert len(e.features) == len(e.picks) == len(e.forced)
+        assert e.features[0].shape == (16,)
+        assert not e.forced[0]  # nothing can force the first pick
