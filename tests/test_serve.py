@@ -377,7 +377,7 @@ def test_zz_shutdown_the_key_is_nowhere_and_the_trace_renders(setup, capsys, mon
     monkeypatch.setenv("COLUMNS", "200")
     from trinity import cli
     from trinity.store import Store
-    from trinity.evaluation.traces import TraceLog
+    from trinity.serving.traces import TraceLog
 
     server = setup["server"]
     q = "What is 40 plus 2?"  # (answered earlier in this module, unless this test runs alone)

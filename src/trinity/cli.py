@@ -96,7 +96,7 @@ def ask(
     from rich.console import Console
 
     from trinity.serving.conversation import ANSWERED, NO_ANSWER, ConversationError, answer_now, task_from_messages
-    from trinity.evaluation.traces import render_trace
+    from trinity.serving.traces import render_trace
 
     _retry(retry_failures)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
@@ -134,7 +134,7 @@ def trace(
     from rich.console import Console
 
     from trinity.store import Store
-    from trinity.evaluation.traces import TraceLog, render_trace
+    from trinity.serving.traces import TraceLog, render_trace
 
     _, store_path = _paths(root, None, store)
     try:

@@ -15,7 +15,7 @@ bench/serve_load.py all take.
 - `Coordinator`: a checkpoint + params loaded once (pool, encoder, response store, head). `answer(task)` plays one
   argmax episode (the training loop, `play_episodes`); concurrent calls share the pool (stored or in-flight
   requests cost no call), the encoder and the store. A repeated conversation replays stored responses and states:
-  no pool call, no encoding. Every episode's trace is kept in the store (`trinity.evaluation.traces`).
+  no pool call, no encoding. Every episode's trace is kept in the store (`trinity.serving.traces`).
   Threads: an episode's loop runs on a thread of its own (the encoder's forward passes would otherwise hold the
   caller's event loop, e.g. every other request of the server); its pool requests go back to the caller's loop,
   which alone owns the pool (HTTP clients, in-flight calls, store writes), and encodes take turns on one lock.
@@ -271,7 +271,7 @@ class Coordinator:
         """`checkpoint`: the trained policy (`policy.Policy.load`), checked against `settings` and the encoder
         (`Policy.check`: a `policy.CheckpointError` when it does not fit them)."""
         from trinity.pool.runtime import build_pool
-        from trinity.evaluation.traces import TraceLog
+        from trinity.serving.traces import TraceLog
 
         checkpoint.check(settings)  # before the pool and the encoder are built
         self.settings = settings

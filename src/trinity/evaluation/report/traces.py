@@ -1,6 +1,6 @@
 """traces.md: a few evaluation episodes of the coordinator per benchmark, from data/eval/episodes.jsonl, each turn
 with its model, role, verdict, tokens and (clipped) text. (The traces of served conversations, kept in the
-response store for `trinity trace`, are `trinity.evaluation.traces`.)"""
+response store for `trinity trace`, are `trinity.serving.traces`.)"""
 from __future__ import annotations
 
 import re
