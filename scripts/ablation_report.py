@@ -1,4 +1,4 @@
-"""reports/ablation.md from the optimiser ablation's DVC experiments (`make ablation`, README "DVC: remote,
+"""reports/ablation.md from the optimiser ablation's DVC experiments (`make ablation`, docs/operations.md "DVC: remote,
 push/pull, experiments"): one experiment per `evolve.method`, the same pipeline and budget otherwise.
 
 Reads `dvc exp show --json` (run here, or a file given with --json) and tabulates, for every experiment whose

@@ -83,6 +83,7 @@ def test_code_version_changes_with_behaviour_not_with_comments(tmp_path):
     _edit(episode, "    if ep.verifier_first:\n        return 0.0\n",
           "    # a comment\n    if ep.verifier_first:\n\n        return 0.0\n")
     _edit(pkg / "evolve" / "engine.py", "def in_prefect_flow() -> bool:", "def in_prefect_flow(  ) -> bool:  # x")
+    _edit(pkg / "config.py", '"""What the head reads:', '"""(a setting\'s attribute docstring, reworded) What the head reads:')
     assert cv.raw_code_version(pkg) == base
     # where calls run is not behaviour either (engine.py is runtime-only)
     _edit(pkg / "evolve" / "engine.py", "SCHEDULER_TIMEOUT_S = 10.0", "SCHEDULER_TIMEOUT_S = 11.0\n_UNUSED = 1")

@@ -2,16 +2,17 @@
 
 A resumed evolution run must be the run that was started: same settings, same tasks, same encoder — and the
 same code for everything that turns those into numbers. Which code that is is derived, not listed: the
-result-shaping modules are every `trinity` module the stages that produce results can run — the `evolve` and
-`evaluate` stage functions of `trinity/stages.py` (ENTRY_POINTS; the flows, `trinity stage` and
-`trinity.ops.stage_flow` all run them through `stages.run_stage`) with the helpers of stages.py they call, then
-every trinity module those import, transitively. Imports are read statically from the syntax tree: `import
+result-shaping modules are every `trinity` module the stages that produce results can run — the `run` functions of
+`trinity/stages/evolve.py` and `trinity/stages/evaluate.py` (ENTRY_POINTS; the flows, `trinity stage` and
+`trinity.ops.stage_flow` all run them through `trinity.stages.run_stage`) with the helpers of those modules they
+call, then every trinity module those import, transitively. Imports are read statically from the syntax tree: `import
 trinity.x`, `from trinity.x import y`, relative imports, imports inside functions, and the `__init__.py` of
 every package on the way (it runs on import). A module a stage starts to import is hashed from then on,
 without editing any list; the only list is RUNTIME_ONLY, a few modules shown not to shape results (each with
-its reason; their own imports are still followed). stages.py is hashed whole: it holds the role token caps.
+its reason; their own imports are still followed).
 
-`code_version()` hashes those modules' syntax trees with docstrings dropped, so comments, docstrings and
+`code_version()` hashes those modules' syntax trees with docstrings (every bare string statement) dropped, so
+comments, docstrings and
 formatting never start a new run, while any change to what the code does does: edit the turn penalty, a
 prompt, the sampling seed or the response-store key, and DVC's re-run of `evolve` trains again instead of
 saving the old parameters as if retrained. `python -m trinity.code_version` prints the version and the number
@@ -58,13 +59,19 @@ COMPATIBLE_REFACTORS: dict[str, str] = {}
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
+def _is_string_statement(node: ast.AST) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    """Drop every statement that is a bare string: docstrings of modules, classes and functions, and the attribute
+    docstrings under a setting or a constant (a string statement does nothing wherever it stands)."""
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
-                node.body = body[1:] or [ast.Pass()]
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list) and any(_is_string_statement(s) for s in body):
+                kept = [s for s in body if not _is_string_statement(s)]
+                setattr(node, field, kept or ([ast.Pass()] if field == "body" else []))
     return tree
 
 

@@ -109,7 +109,7 @@ class CoordinatorSettings(_Section):
     """Transcripts are encoded in chunks cut at multiples of this many positions and prefixes are reused in whole
     chunks, so a feature is bit-identical whatever the prefix cache holds (exact resume). Larger chunks mean
     fewer, more efficient matrix products but more prefix tokens recomputed per turn; 128 is fastest here (see
-    README, coordinator cost). Part of the encoder id."""
+    docs/benchmarks.md, "Coordinator cost"). Part of the encoder id."""
     max_turns: int = 3
     max_encode_tokens: int = 2048
     """Transcripts longer than this keep their last tokens (the head reads the end of the conversation)."""
@@ -119,8 +119,8 @@ class CoordinatorSettings(_Section):
     """Role caps on a member's max_tokens: a suggestion or a verdict needs far fewer tokens than a solution."""
     feature_norm: Literal["none", "standardize"] = "none"
     """What the head reads: "none" = the raw hidden state (the paper); "standardize" = centred and scaled by the
-    training tasks' root states, plus a bias feature (trinity.coordinator.features; README, "Training that
-    learns"). Saved in the checkpoint, applied wherever the head is used."""
+    training tasks' root states, plus a bias feature (trinity.coordinator.features; docs/results.md, "Does
+    training learn?"). Saved in the checkpoint, applied wherever the head is used."""
     svf_layer: int | None = None
     """Train SVF scales of this encoder block (negative counts from the end) along with the head: the flat
     parameter vector becomes [δ…, head…]. None = head only (the paper's default)."""
@@ -177,7 +177,7 @@ class EvolveSettings(_Section):
     """The scheduler of an existing Dask cluster (e.g. "tcp://127.0.0.1:8786") for task_runner: dask; empty = a
     LocalCluster of `dask_workers` started for the run (then dask_workers / dask_threads_per_worker apply; with an
     address, the cluster's own workers do). Its workers must run this checkout's code: the same environment (venv
-    or install) as this process (README, "Dask: evolve on an existing cluster"). Runtime only, and left out of
+    or install) as this process (docs/operations.md, "Dask: evolve on an existing cluster"). Runtime only, and left out of
     every dump (`exclude`): where calls run is no part of a run's identity (resume fingerprint, params hash,
     run id), so one run may move between clusters."""
 

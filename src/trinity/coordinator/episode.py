@@ -17,7 +17,7 @@ Memoisation is a layer under the loop, not part of it: `RolloutTrees` remembers,
 request's messages and store key and each answer's grade (a population walks the same rollout tree of every
 task again and again), so a generation on stored trees costs lookups. Results are the same with or without it.
 
-An outage is not a sample (README, "An outage is not a sample"): an episode one of whose calls failed transiently
+An outage is not a sample (docs/reproducibility.md, "An outage is not a sample"): an episode one of whose calls failed transiently
 (`Turn.failure == "transient"`) is marked `outage` and gets no reward (None, never 0 or a diversity bonus); its
 reply says nothing about the route, so the training loops leave it out of every fitness and count it
 (`trinity.evolve.sep_cma`). With `stop_on_outage` (the training loops) it ends at the failed call, so no further

@@ -8,7 +8,7 @@ bias (centring removes the common component of h, which otherwise acts as one). 
 hidden states carry a few massive-activation dimensions (one is ~40x the median magnitude and swings with the
 type of the penultimate token) and a large common component (about half of ‖h‖²), so at σ0 = 0.03 a head's
 logits are mostly the same global preference for every transcript, and task-specific directions are drowned
-(bench/learnability.py measures what that costs; README "Training that learns").
+(bench/learnability.py measures what that costs; docs/results.md "Does training learn?").
 
 μ and s are fitted once, before training, on the training tasks' root states (s_i = √(var_i + median var): the
 median variance regularises dimensions a few tasks cannot estimate), saved in the checkpoint's metadata and

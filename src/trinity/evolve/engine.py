@@ -108,7 +108,7 @@ def check_scheduler(address: str, timeout: float = SCHEDULER_TIMEOUT_S) -> int:
         except (OSError, asyncio.TimeoutError, TimeoutError) as e:
             raise DaskClusterError(
                 f"{key}: no Dask scheduler answers at {address} (waited {timeout:g} s: {type(e).__name__}: {e}). "
-                f"Start one (`dask scheduler`, README \"Dask: evolve on an existing cluster\") or clear {key} "
+                f"Start one (`dask scheduler`, docs/operations.md \"Dask: evolve on an existing cluster\") or clear {key} "
                 "for a LocalCluster") from None
         if not isinstance(info, dict) or info.get("type") != "Scheduler":
             raise DaskClusterError(f"{key}: {address} answers, but not as a Dask scheduler ({str(info)[:200]})")

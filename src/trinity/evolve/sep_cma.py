@@ -15,7 +15,7 @@ The flat parameter vector is the `ParamLayout`: the head alone, or [δ…, head�
 `coordinator.svf_layer` is set (each candidate's δ then changes its hidden states: its transcripts are
 encoded with its own adapter).
 
-An outage is not a sample (README, "An outage is not a sample"): episodes are played with `stop_on_outage` (an
+An outage is not a sample (docs/reproducibility.md, "An outage is not a sample"): episodes are played with `stop_on_outage` (an
 episode ends at its first transiently failed call, with no reward), and a generation replays its outage episodes
 up to `OUTAGE_REPLAYS` times (same seeds, same picks: the stored calls cost nothing, only the failed calls are asked
 again). A candidate's fitness is then the mean over its episodes not hit by an outage; the outage episodes left
