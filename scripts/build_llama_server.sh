@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Build llama.cpp's OpenAI-compatible server (`llama-server`) once per CPU, from the llama.cpp sources vendored in the
+# llama-cpp-python sdist the Makefile pins (LLAMA_CPP_VERSION, default 0.3.36): the same llama.cpp as the wheel that
+# runs the in-process pool members.
+#
+# Like the Makefile's wheel, the binary is compiled for the CPU that builds it (GGML_NATIVE, -march=native) without
+# AMX (a VM may advertise it and fault on its first instruction; see the Makefile) and is kept per CPU, keyed by a
+# hash of the CPU's flags computed exactly as the Makefile's CPU_KEY:
+#     ~/.cache/trinity/llama-server/cpu-<CPU_KEY>/llama-server
+# Idempotent: an existing binary is not rebuilt (delete it to rebuild). The sdist is downloaded once (pip download)
+# into ~/.cache/trinity/llama-server/sdist. Statically linked against llama.cpp/ggml (BUILD_SHARED_LIBS=OFF), so the
+# cached binary does not depend on the build tree, which is deleted afterwards. No web UI, no curl, no OpenSSL: the
+# server is only spoken to over loopback HTTP. About 4 min on 2 cores.
+#
+# Usage: bash scripts/build_llama_server.sh        (env: JOBS=2, PIP=.venv/bin/pip, LLAMA_CPP_VERSION=0.3.36)
+# Build output goes to stderr; the last (and only) line on stdout is the binary's path.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VERSION="${LLAMA_CPP_VERSION:-0.3.36}"
+PIP="${PIP:-$ROOT/.venv/bin/pip}"
+JOBS="${JOBS:-2}"
+CPU_KEY="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | md5sum | cut -c1-12)"
+CACHE="$HOME/.cache/trinity/llama-server"
+DEST="$CACHE/cpu-$CPU_KEY"
+BIN="$DEST/llama-server"
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+exec 3>&1 1>&2  # the build talks on stderr; only the path goes to stdout
+
+if [ -x "$BIN" ]; then
+    echo "llama-server for this CPU (cpu-$CPU_KEY) already built"
+    echo "$BIN" >&3
+    exit 0
+fi
+
+mkdir -p "$DEST" "$CACHE/sdist"
+# one build at a time per CPU key (two concurrent setups would both compile, then race on the rename)
+exec 9>"$DEST/.build.lock"
+flock 9
+if [ -x "$BIN" ]; then
+    echo "$BIN" >&3
+    exit 0
+fi
+
+SDIST="$CACHE/sdist/llama_cpp_python-$VERSION.tar.gz"
+if [ ! -f "$SDIST" ]; then
+    echo "downloading the llama-cpp-python $VERSION sdist"
+    TMP_DL="$(mktemp -d "$CACHE/sdist/.dl.XXXXXX")"
+    "$PIP" download "llama-cpp-python==$VERSION" --no-binary :all: --no-deps -d "$TMP_DL"
+    mv -f "$TMP_DL/llama_cpp_python-$VERSION.tar.gz" "$SDIST"
+    rm -rf "$TMP_DL"
+fi
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/llama-server-build.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+tar -xzf "$SDIST" -C "$WORK" "llama_cpp_python-$VERSION/vendor/llama.cpp"
+SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
+
+echo "building llama-server (llama.cpp vendored in llama-cpp-python $VERSION) into $DEST (once, ~4 min on 2 cores)"
+start=$(date +%s)
+GENERATOR=()
+if command -v ninja >/dev/null 2>&1; then GENERATOR=(-G Ninja); fi
+cmake -S "$SRC" -B "$SRC/build" "${GENERATOR[@]}" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_CURL=OFF \
+    -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_SERVER=ON \
+    -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_UI=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DGGML_NATIVE=ON \
+    -DCMAKE_C_FLAGS="$NO_AMX" \
+    -DCMAKE_CXX_FLAGS="$NO_AMX"
+cmake --build "$SRC/build" --target llama-server -j "$JOBS"
+"$SRC/build/bin/llama-server" --version
+
+install -m 755 "$SRC/build/bin/llama-server" "$BIN.tmp.$$"
+mv -f "$BIN.tmp.$$" "$BIN"  # atomic: a half-copied binary is never at $BIN
+echo "built in $(( $(date +%s) - start )) s"
+echo "$BIN" >&3
