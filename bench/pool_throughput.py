@@ -1,4 +1,4 @@
-"""P-bench: a local member's real requests through the in-process path vs llama.cpp's own server (issue 26, step 1).
+"""P-bench: a local member's real requests through the in-process path vs llama.cpp's own server (issue 26).
 
 Replays requests a `make run` actually made: the stored responses of one pool member (default qwen-coder-1.5b) in
 the pipeline's response store (data/store/trinity.duckdb, opened read-only: a snapshot if another process writes
@@ -19,15 +19,20 @@ generation keeps in flight), a new one as soon as one returns, through
       returns no `timings` and sends a Verifier request's format as a JSON-schema response_format, not the
       in-process path's grammar. The server is stopped at the end, also on an error or SIGTERM, and dies with
       this process (PR_SET_PDEATHSIG) if it is killed.
+  (c) the pool's own path since issue 26: the member as the pipeline runs it (`pool.local_engine: llama-server`,
+      trinity.pool.llama_server.LlamaServerChatModel: its server started by the member, --concurrency slots, every
+      core's threads, called through the OpenAI-compatible member). (b) and (c) differ only in the client; (b)
+      gives the server's per-reply timings, which the pool does not keep.
 
-The two sides run one after the other in the same run (the server is started only after (a) is done, so they never
-share the cores), each after one short warm-up call that is not timed; model load and server start are not timed.
+The three sides run one after the other in the same run (a server is started only after the side before it is
+done, so they never share the cores), each after one short warm-up call that is not timed; model load and server
+start are not timed.
 Per side: aggregate completion tokens/s, requests/s, mean and max latency per request (from issuing the request to
 its reply, queueing included: what a caller at this concurrency sees) and total wall. Where the time of a call goes,
 reading the prompt vs decoding: for (b) from the server's per-reply `timings` (prompt_ms, predicted_ms; prompt_n
 counts only the prompt tokens not served from the slot's cache, cache_n those that were), for (a) from llama.cpp's
 perf counters of the in-process context over the whole run (t_p_eval_ms vs t_eval_ms). The figure is the
-requests/s speed-up of (b) over (a); the issue's goal (>= 2.5x) is on aggregate completion tokens/s, in `detail`.
+requests/s speed-up of (c) over (a); the issue's goal (>= 2.5x) is on aggregate completion tokens/s, in `detail`.
 The replies of the two sides are compared byte for byte (informative: batched decoding is not batch-invariant, and
 the two sampler implementations need not draw alike), and (a)'s with the stored ones (the store's replay anchor).
 
@@ -292,6 +297,30 @@ def run_server(server: LlamaServer, model: LocalChatModel, requests: list[Reques
     return asyncio.run(main())
 
 
+def run_pool_member(member, requests: list[Request], concurrency: int) -> tuple[list[Result], float, str]:
+    """(c) the pool's own path: the member as the pipeline runs it (`pool.local_engine: llama-server`), its server
+    started by the member on the untimed warm-up call, with `concurrency` slots."""
+    from trinity.pool.llama_server import LLAMA_SERVERS, LlamaServerChatModel
+
+    model = LlamaServerChatModel(member.model_copy(update={"engine": "llama-server", "max_concurrency": concurrency}))
+
+    async def main() -> tuple[list[Result], float]:
+        await model.chat([ChatMessage("user", "Hi")], SamplingParams(temperature=0.0, max_tokens=4))
+
+        async def call(r: Request) -> Result:
+            resp = await model.chat(r.messages, r.sampling)
+            return Result(resp.text, resp.ok, resp.error, resp.prompt_tokens, resp.completion_tokens, 0.0)
+
+        return await replay(call, requests, concurrency)
+
+    try:
+        results, wall = asyncio.run(main())
+        cmd = " ".join(Path(c).name if i in (0, 2) else c for i, c in enumerate(model.spec.command(0)))
+    finally:
+        LLAMA_SERVERS.stop_all()
+    return results, wall, cmd
+
+
 def time_split(prompt_ms: float, predicted_ms: float) -> dict:
     total = prompt_ms + predicted_ms
     return {"prompt_ms": round(prompt_ms), "predicted_ms": round(predicted_ms),
@@ -345,6 +374,9 @@ def main() -> int:
             start_s, cmd = server.start_s, server.cmd
     b = summarise(b_results, b_wall)
     print(f"[pool_throughput] (b) llama-server: {json.dumps(b)}", file=sys.stderr, flush=True)
+    c_results, c_wall, c_cmd = run_pool_member(members[args.member], requests, args.concurrency)
+    c = summarise(c_results, c_wall)
+    print(f"[pool_throughput] (c) the pool's llama-server member: {json.dumps(c)}", file=sys.stderr, flush=True)
 
     timings = [r.timings for r in b_results if r.timings]
     b_split = time_split(sum(t.get("prompt_ms", 0.0) for t in timings), sum(t.get("predicted_ms", 0.0) for t in timings))
@@ -353,27 +385,33 @@ def main() -> int:
     a_split = time_split(a_perf["prompt_ms"], a_perf["predicted_ms"])
     a_split.update(prompt_n=a_perf["prompt_n"], predicted_n=a_perf["predicted_n"])
 
-    rps_speedup = b["requests_per_s"] / a["requests_per_s"]
-    tps_speedup = b["completion_tok_per_s"] / a["completion_tok_per_s"] if a["completion_tok_per_s"] else None
+    rps_speedup = c["requests_per_s"] / a["requests_per_s"]
+    tps_speedup = c["completion_tok_per_s"] / a["completion_tok_per_s"] if a["completion_tok_per_s"] else None
     identical = sum(x.ok and y.ok and x.text == y.text for x, y in zip(a_results, b_results))
     a_matches_store = sum(x.text == r.stored_text for x, r in zip(a_results, requests))
     same_prompt_tokens = sum(x.prompt_tokens == y.prompt_tokens for x, y in zip(a_results, b_results))
-    errors = [e for e in ([x.error for x in a_results if not x.ok] + [y.error for y in b_results if not y.ok]) if e]
+    errors = [e for e in ([x.error for x in a_results if not x.ok] + [y.error for y in b_results if not y.ok]
+                          + [z.error for z in c_results if not z.ok]) if e]
     print(json.dumps({
         "name": "pool_throughput", "figure": round(rps_speedup, 3), "unit": "x requests/s",
         "goal": ">= 2.5x aggregate completion tokens/s (issue 26; detail.tok_per_s_speedup)",
-        "compared_to": f"in-process LocalChatModel (llama-cpp-python, one sequence at a time) on the same "
-                       f"{len(requests)} stored requests of {args.member}, same concurrency, same run",
+        "compared_to": f"(c) the pool's llama-server member vs (a) in-process LocalChatModel (llama-cpp-python, "
+                       f"one sequence at a time) on the same {len(requests)} stored requests of {args.member}, "
+                       f"same concurrency, same run; (b) the bare server in detail",
         "detail": {
             "member": args.member, "model_id": model.model_id, "gguf": model.path.name,
             "requests": len(requests), "concurrency": args.concurrency,
             "roles": {r: sum(q.role == r for q in requests) for r in sorted({q.role for q in requests})},
             "tok_per_s_speedup": round(tps_speedup, 3) if tps_speedup else None,
             "latency_speedup": round(a["mean_latency_s"] / b["mean_latency_s"], 3) if b["mean_latency_s"] else None,
-            "inprocess": {**a, "n_ctx": model.member.n_ctx, "n_threads": model.member.n_threads,
+            "raw_server_tok_per_s_speedup": round(b["completion_tok_per_s"] / a["completion_tok_per_s"], 3)
+            if a["completion_tok_per_s"] else None,
+            "inprocess": {**a, "n_ctx": model.member.n_ctx, "n_threads": model.n_threads,
                           "time_split_llama_perf": a_split},
             "llama_server": {**b, "cmd": " ".join(Path(c).name if i in (0, 2) else c for i, c in enumerate(cmd)),
                              "start_s": round(start_s, 1), "time_split_timings": b_split},
+            "pool_member": {**c, "cmd": c_cmd.replace("--port 0", "--port <free>")},
+            "identical_replies_raw_vs_member": sum(y.text == z.text for y, z in zip(b_results, c_results)),
             "identical_replies": identical, "inprocess_replies_equal_to_store": a_matches_store,
             "same_prompt_token_count": same_prompt_tokens,
             "errors": errors[:5],

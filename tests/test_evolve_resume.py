@@ -21,7 +21,8 @@ from trinity.config import PROJECT_ROOT, load_settings
 TINY = {
     "data": {"root": str((PROJECT_ROOT / "../shared/benchmarks").resolve()), "train": {"math500": 3, "mmlu": 1},
              "heldout": {"gsm8k": 1}, "math500_max_level": 1},
-    "pool": {"members": [
+    # in-process: a resumed run is compared with an uninterrupted one made from an empty store, byte for byte
+    "pool": {"local_engine": "in-process", "members": [
         {"name": "smol-a", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 24, "temperature": 0.8},
         {"name": "smol-b", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 16, "temperature": 0.3},
     ]},

@@ -12,7 +12,8 @@ from trinity.records import ChatMessage, Task
 from trinity.store import Store
 
 TASK = Task(id="t/1", source="gsm8k", prompt=("What is 7 times 6?",), grader="math", answer="42")
-SMOL = PoolMember(name="smol", backend="local", model="smollm2-135m-instruct", max_tokens=24, temperature=0.7)
+SMOL = PoolMember(name="smol", backend="local", model="smollm2-135m-instruct", max_tokens=24, temperature=0.7,
+                  engine="in-process")  # this file: the in-process engine (llama-server's: test_pool_llama_server.py)
 
 
 def test_bundled_models_are_pinned_and_verified():
@@ -76,7 +77,8 @@ def test_local_call_does_not_block_event_loop(tmp_path):
 
 
 def test_base_model_gets_completion_prompt():
-    gemma = PoolMember(name="gemma", backend="local", model="gemma-3-270m", max_tokens=24, temperature=0.0)
+    gemma = PoolMember(name="gemma", backend="local", model="gemma-3-270m", max_tokens=24, temperature=0.0,
+                       engine="in-process")
     pool = build_pool(PoolSettings(members=[gemma]), None)
     assert pool.members[0].completion_style
     r = asyncio.run(pool.complete(0, role_messages(Role.WORKER, TASK, ()), "worker"))
@@ -103,7 +105,8 @@ def test_verifier_grammar_always_gives_the_field():
     base member. Free text from these models mostly has no field (reports/verdict_field.md)."""
     from trinity.coordinator.roles import Turn, parse_verdict
 
-    gemma = PoolMember(name="gemma", backend="local", model="gemma-3-270m", max_tokens=128, temperature=0.7)
+    gemma = PoolMember(name="gemma", backend="local", model="gemma-3-270m", max_tokens=128, temperature=0.7,
+                       engine="in-process")
     pool = build_pool(PoolSettings(members=[SMOL.model_copy(update={"max_tokens": 320}), gemma]), None,
                       {"verifier": 48})
     asks = [(0, task, answer) for task, answer in VERIFY_CASES] + [(1, task, answer) for task, answer in VERIFY_CASES[:2]]
@@ -127,7 +130,7 @@ def test_verdict_grammar_is_in_the_key(monkeypatch):
     pool = build_pool(PoolSettings(members=[SMOL]), None, {"verifier": 48})
     member, msgs = pool.members[0], role_messages(Role.WORKER, TASK, ())
     assert member.request_identity(msgs, pool.sampling(0, "worker")) == {
-        "prompt_style": "chat", "stop": [], "n_ctx": SMOL.n_ctx, "n_threads": SMOL.n_threads,
+        "prompt_style": "chat", "stop": [], "n_ctx": SMOL.n_ctx, "n_threads": local.IN_PROCESS_THREADS,
         "llama_cpp": local._llama_cpp_version()}
     verifier = pool.sampling(0, "verifier")
     identity = member.request_identity(msgs, verifier)

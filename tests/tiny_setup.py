@@ -2,7 +2,9 @@
 the head has a real choice to make, at ~70 tok/s), short role caps, and arithmetic tasks whose answer is 42."""
 from trinity.records import Task
 
-SMOL_PAIR_POOL = {"members": [
+# in-process: these tests compare fresh runs byte for byte (threads vs Dask, resumed vs uninterrupted), which only
+# the engine without batching guarantees; the llama-server engine has its own tests (test_pool_llama_server.py)
+SMOL_PAIR_POOL = {"local_engine": "in-process", "members": [
     {"name": "smol-a", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 16, "temperature": 0.8},
     {"name": "smol-b", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 12, "temperature": 0.3},
 ]}

@@ -61,10 +61,19 @@ class PoolMember(_Section):
     price_input_per_mtok: float = 0.0
     price_output_per_mtok: float = 0.0
     max_concurrency: int = 1
+    """Calls in flight at once: an HTTP member's cap; a local member served by llama-server gets this many parallel
+    slots (unset: `pool.max_concurrency`). A local member run in process decodes one call at a time whatever this is."""
     timeout_s: float = 120.0
     max_retries: int = 5
-    n_threads: int = 2
+    engine: Literal["llama-server", "in-process"] = "llama-server"
+    """Local members: what runs the GGUF. "llama-server" (default): llama.cpp's own server, one process per model
+    started on first use (parallel slots decoded as one batch, a prompt cache per slot; `trinity.pool.llama_server`).
+    "in-process": llama-cpp-python in this process, one call at a time per model, bit-for-bit reproducible between
+    fresh runs (docs/benchmarks.md, "Local engine"). Unset here: `pool.local_engine`."""
+    n_threads: int | None = None
+    """Local members: CPU threads. Unset: in process 2 per model; llama-server every core this process may use."""
     n_ctx: int = 4096
+    """Local members: context window (tokens) of one call (per slot, for llama-server)."""
     prompt_style: Literal["chat", "completion"] = "chat"
     """"completion" for base (non-chat) models: the messages are rendered as a few-shot text prompt."""
     structured_output: bool = True
@@ -88,6 +97,26 @@ class PoolSettings(_Section):
     members: list[PoolMember]
     max_concurrency: int = 8
     """Global cap on in-flight calls across the whole pool."""
+    local_engine: Literal["llama-server", "in-process"] = "llama-server"
+    """The engine of every local member that does not name its own (`PoolMember.engine`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_member_defaults(cls, data):
+        """A local member without its own `engine` takes `local_engine`; one served by llama-server without its own
+        `max_concurrency` gets `max_concurrency` slots (as many calls as the pool keeps in flight)."""
+        if not isinstance(data, dict) or not isinstance(data.get("members"), list):
+            return data
+        engine = data.get("local_engine", "llama-server")
+        slots = data.get("max_concurrency", 8)
+        members = []
+        for m in data["members"]:
+            if isinstance(m, dict) and m.get("backend") == "local":
+                m = {"engine": engine, **m}
+                if m["engine"] == "llama-server":
+                    m = {"max_concurrency": slots, **m}
+            members.append(m)
+        return {**data, "members": members}
 
     @model_validator(mode="after")
     def _unique_names(self):

@@ -31,6 +31,11 @@ class ChatModel(Protocol):
     async def chat(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse: ...
 
 
+def over_http(member: "PoolMember") -> bool:
+    """Whether the member's calls go over HTTP (OpenAI-compatible endpoint, or llama-server for a local model)."""
+    return member.backend == "openai" or member.engine == "llama-server"
+
+
 class LoopLocalSemaphore:
     """A concurrency cap shared by several callers, re-created for each event loop it is used in (an asyncio
     semaphore belongs to one loop; training runs one loop per generation)."""
@@ -49,7 +54,8 @@ class LoopLocalSemaphore:
 
 class ConcurrencyLimits:
     """The pool's one concurrency limit: at most `pool.max_concurrency` calls in flight in all (`total`), and at
-    most `member.max_concurrency` per HTTP member (`per_member[idx]`; None for a local member, whose calls a
+    most `member.max_concurrency` per member called over HTTP (`per_member[idx]`: an OpenAI-compatible member, or a
+    local member served by llama-server, whose slots it is; None for a local member run in process, whose calls a
     lock per loaded model already serialises: one at a time per model and process).
 
     The same semaphores serve every path (`build_members` hands them to the HTTP members; the task-runner
@@ -63,7 +69,7 @@ class ConcurrencyLimits:
     def __init__(self, total: int | None, members: Sequence["PoolMember"]):
         self.total = LoopLocalSemaphore(total) if total else None
         self.per_member: list[LoopLocalSemaphore | None] = [
-            LoopLocalSemaphore(m.max_concurrency) if m.backend == "openai" else None for m in members]
+            LoopLocalSemaphore(m.max_concurrency) if over_http(m) else None for m in members]
 
     @contextlib.asynccontextmanager
     async def slot(self, idx: int) -> AsyncIterator[None]:

@@ -77,6 +77,12 @@ def member_problems(member: "PoolMember") -> list[str]:
         if member.model not in BUNDLED and not (p.suffix == ".gguf" and p.exists()):
             problems.append(f"pool member {member.name!r}: local model {member.model!r} is neither a bundled "
                             f"model ({', '.join(sorted(BUNDLED))}) nor an existing .gguf file")
+        if member.engine == "llama-server":
+            from trinity.pool.llama_server import binary_problem
+
+            problem = binary_problem()
+            if problem is not None:
+                problems.append(f"pool member {member.name!r}: {problem}")
     return problems
 
 

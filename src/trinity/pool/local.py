@@ -1,4 +1,6 @@
-"""Local pool members: GGUF models run in-process with llama-cpp-python.
+"""Local pool members run in process with llama-cpp-python (`PoolMember.engine: in-process`), and what every local
+member shares whatever runs it: the GGUF's identity, the completion prompt of base models, the verdict grammar.
+The default engine, llama.cpp's own server, is `trinity.pool.llama_server`.
 
 A model file is loaded once per process (`LLAMA_MODELS`, shared by every member that names it). Calls run
 in a worker thread (asyncio.to_thread) so the event loop never blocks; one lock per loaded model serialises
@@ -55,6 +57,9 @@ class LoadedModels:
                 self.loads.append(path.name)
             return self._models[key]
 
+
+IN_PROCESS_THREADS = 2
+"""Threads of a model run in process when its member sets no `n_threads`."""
 
 LLAMA_MODELS = LoadedModels()
 """This process's loaded llama.cpp models (see LoadedModels)."""
@@ -124,10 +129,11 @@ class LocalChatModel:
         self.model_id = f"gguf:{spec.id if spec else self.path.name}@sha256:{self.sha256}"
         """Readable name + the file's content hash: same name, other weights → other responses."""
         self.completion_style = member.prompt_style == "completion" or (spec is not None and not spec.chat)
+        self.n_threads = member.n_threads or IN_PROCESS_THREADS
         self._identity = {
             "prompt_style": "completion" if self.completion_style else "chat",
             "stop": list(COMPLETION_STOP) if self.completion_style else [],
-            "n_ctx": member.n_ctx, "n_threads": member.n_threads, "llama_cpp": _llama_cpp_version(),
+            "n_ctx": member.n_ctx, "n_threads": self.n_threads, "llama_cpp": _llama_cpp_version(),
         }
 
     def request_identity(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> dict:
@@ -144,7 +150,7 @@ class LocalChatModel:
         return identity
 
     def _generate(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
-        llm, lock = load_llama(self.path, self.member.n_ctx, self.member.n_threads)
+        llm, lock = load_llama(self.path, self.member.n_ctx, self.n_threads)
         grammar_text = output_grammar(sampling)
         constrained = {}
         if grammar_text is not None:

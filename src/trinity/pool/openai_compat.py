@@ -243,24 +243,14 @@ class OpenAICompatibleChatModel:
         """One chat completion, retried per the module policy. Never raises for model-side failures."""
         self._bind_to_running_loop()
         t0 = time.monotonic()
-        body = {
-            "model": self.member.model,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens,
-            "seed": sampling.seed,
-        }
-        response_format = self._response_format(sampling)
-        if response_format is not None:
-            body["response_format"] = response_format
+        route, body = self.request(messages, sampling)
         attempts = 0
         last_error = "no attempt made"
         deterministic = False
         result: ChatResponse | None = None
         for attempt in range(self.member.max_retries + 1):
             attempts += 1
-            outcome = await self._attempt(body)
+            outcome = await self._attempt(route, body)
             if outcome.response is not None:
                 result = outcome.response
                 break
@@ -282,8 +272,25 @@ class OpenAICompatibleChatModel:
         self._account(result, attempts)
         return result
 
+    def request(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> tuple[str, dict[str, Any]]:
+        """The route (relative to base_url) and JSON body of one call: a chat completion with the sampling
+        settings, and the output format's response_format if any. (`trinity.pool.llama_server` asks its server
+        for a completion where the member is a base model, and adds llama.cpp's own fields.)"""
+        body: dict[str, Any] = {
+            "model": self.member.model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+            "seed": sampling.seed,
+        }
+        response_format = self._response_format(sampling)
+        if response_format is not None:
+            body["response_format"] = response_format
+        return "/chat/completions", body
+
     # -- internals -------------------------------------------------------------------------------
-    async def _attempt(self, body: dict[str, Any]) -> _Attempt:
+    async def _attempt(self, route: str, body: dict[str, Any]) -> _Attempt:
         timeout_s = self.member.timeout_s
         try:
             global_limit = self._global_limit.get() if isinstance(self._global_limit, LoopLocalSemaphore) \
@@ -294,7 +301,7 @@ class OpenAICompatibleChatModel:
                     # `chat.completions.create`: we build and parse the body ourselves (compatible servers
                     # differ in what they accept and return), and it skips the SDK's per-call transform
                     # of typed params (~1 ms of CPU per request, which caps throughput at high concurrency).
-                    raw = await self._client.post("/chat/completions", cast_to=httpx2.Response, body=body,
+                    raw = await self._client.post(route, cast_to=httpx2.Response, body=body,
                                                   options={"timeout": timeout_s})
                     text = raw.text
         except TimeoutError:
@@ -360,7 +367,8 @@ class OpenAICompatibleChatModel:
             return failed("empty reply: no choices")
         choice = choices[0] if isinstance(choices[0], dict) else {}
         message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-        content = message.get("content")
+        # a chat completion's message content, or a (text) completion's text
+        content = message.get("content") if "message" in choice or "text" not in choice else choice.get("text")
         finish = choice.get("finish_reason")
         if isinstance(content, list):  # content parts, as some servers send
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))

@@ -6,7 +6,8 @@
 - Identical requests in one batch, or in flight at the same time, share one call.
 - The requests left — never-seen nodes — are handed together to the pool's `Executor`, chosen when the pool is
   built (`build_pool(..., executor=)`): in process (`InProcessExecutor`, the default: HTTP members on the
-  caller's event loop, local models on asyncio worker threads), or through a Prefect task runner
+  caller's event loop — local models served by llama-server among them —, local models run in process on asyncio
+  worker threads), or through a Prefect task runner
   (`trinity.evolve.engine.TaskRunnerExecutor`: threads, or Dask worker processes). Whatever runs them,
   responses come back to this process, which alone writes the store (DuckDB: one writer).
 - Concurrency: the pool's `ConcurrencyLimits` (`pool.max_concurrency` in all, `member.max_concurrency` per HTTP
@@ -323,7 +324,11 @@ def build_members(pool: PoolSettings, limits: ConcurrencyLimits | None = None) -
     members: list[ChatModel] = []
     limits = limits if limits is not None else ConcurrencyLimits(pool.max_concurrency, pool.members)
     for i, m in enumerate(pool.members):
-        if m.backend == "local":
+        if m.backend == "local" and m.engine == "llama-server":
+            from trinity.pool.llama_server import LlamaServerChatModel
+
+            members.append(LlamaServerChatModel(m, limits.total, member_limit=limits.per_member[i]))
+        elif m.backend == "local":
             from trinity.pool.local import LocalChatModel
 
             members.append(LocalChatModel(m))

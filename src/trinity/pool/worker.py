@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from trinity.config import PoolMember
+from trinity.pool.base import over_http
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 
 
@@ -25,7 +26,8 @@ class ProcessMembers:
     Dask worker's) or another loop (Prefect's thread runner in the main process): one per member setting, built
     on its first request and kept for the life of the process.
 
-    A local member's calls run on the calling task's thread (`LocalChatModel.generate`). An HTTP member's run on
+    A local member run in process calls on the calling task's thread (`LocalChatModel.generate`). A member called
+    over HTTP (an OpenAI-compatible endpoint, a local model's llama-server: started by this process) runs on
     one event loop of this process, on a daemon thread of its own: an async client belongs to one loop, so one
     loop lets every task thread share the member's client and its per-member limit (a task thread waits for its
     call's result)."""
@@ -41,7 +43,11 @@ class ProcessMembers:
         with self._lock:
             m = self._members.get(key)
             if m is None:
-                if settings.backend == "local":
+                if settings.backend == "local" and settings.engine == "llama-server":
+                    from trinity.pool.llama_server import LlamaServerChatModel
+
+                    m = LlamaServerChatModel(settings)
+                elif settings.backend == "local":
                     from trinity.pool.local import LocalChatModel
 
                     m = LocalChatModel(settings)
@@ -63,7 +69,7 @@ class ProcessMembers:
     def run(self, settings: PoolMember, messages: list[ChatMessage], sampling: SamplingParams) -> ChatResponse:
         """One call of the member of `settings` (blocking); model-side failures come back as a failed response."""
         m = self.member(settings)
-        if settings.backend == "local":
+        if not over_http(settings):
             return m.generate(messages, sampling)
         return asyncio.run_coroutine_threadsafe(m.chat(messages, sampling), self._http_loop()).result()
 
@@ -73,11 +79,14 @@ PROCESS_MEMBERS = ProcessMembers()
 
 
 def worker_info() -> dict[str, Any]:
-    """Who ran a call: process id, the models this process has loaded, and whether it imported DuckDB
-    (it must not: one writer)."""
+    """Who ran a call: process id, the models this process has loaded, the llama-servers it has started, and
+    whether it imported DuckDB (it must not: one writer)."""
     from trinity.pool.local import LLAMA_MODELS
 
-    return {"pid": os.getpid(), "models_loaded": list(LLAMA_MODELS.loads), "duckdb_imported": "duckdb" in sys.modules}
+    servers = sys.modules.get("trinity.pool.llama_server")
+    return {"pid": os.getpid(), "models_loaded": list(LLAMA_MODELS.loads),
+            "servers_started": list(servers.LLAMA_SERVERS.starts) if servers is not None else [],
+            "duckdb_imported": "duckdb" in sys.modules}
 
 
 def expand_request(member: dict, messages: list[list[str]], sampling: dict) -> tuple[dict, dict]:

@@ -1,0 +1,141 @@
+"""How reproducible is a fresh run's pool? The stored requests of a run, asked again from scratch, twice.
+
+Batched decoding is not batch-invariant: llama-server decodes the calls in flight as one batch, so a reply can
+depend on which other calls shared its batch (float rounding moves a sampled token). The response store is the
+replay anchor — a rerun pays no call and reproduces the run exactly — but two runs from *empty* stores can differ.
+This measures by how much, on the requests a real run made:
+
+- Requests: the first --requests successful requests of the run's store (default the pipeline's,
+  data/store/trinity.duckdb, opened read-only) in the order they were made, over every member of the pool
+  (params.yaml), roles worker/thinker/verifier (training and evaluation episodes; the MT-Bench judge's calls are
+  left out), keeping only rows whose key is this pool's key for the request (the run was made with this engine and
+  these settings). Each row holds the messages, the sampling (seed, temperature, max_tokens, output format) and
+  the reply the run got.
+- Replays A and B: each starts fresh servers (empty prompt caches; `--engine in-process`: fresh loaded models) and
+  sends all the requests through the pool's own members at the pool's concurrency (`pool.max_concurrency` in
+  flight, as a generation keeps them), then stops the servers.
+- Counted: replies byte-identical between A and B (the figure), and between each replay and the run's stored reply.
+
+What this does not show: in a run, a reply that differs changes the later turns of its episode (their prompts
+contain it) and hence which requests are made at all; here every request is asked as the run asked it, so the
+share of identical replies is per request, not per episode.
+
+Usage: .venv/bin/python bench/engine_determinism.py [--requests 48] [--store PATH] [--params params.yaml]
+       [--engine llama-server|in-process]
+Last line: one JSON object (DESIGN.md's bench format).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from learnability import _commit, _cpu_kind  # noqa: E402
+
+from trinity.config import PoolSettings, load_settings  # noqa: E402
+from trinity.pool.runtime import build_pool  # noqa: E402
+from trinity.records import ChatMessage, SamplingParams  # noqa: E402
+from trinity.store import Store  # noqa: E402
+
+ROLES = ("worker", "thinker", "verifier")
+
+
+def stored_requests(store_path: Path, pool, n: int) -> list[tuple[int, str, list[ChatMessage], SamplingParams, str]]:
+    """(member index, role, messages, sampling, stored reply) of the first `n` ok requests this pool made."""
+    by_model = {m.model_id: i for i, m in enumerate(pool.members)}
+    with Store(store_path, read_only=True) as store:
+        rows = store.con.execute("SELECT key, model_id, role, messages, sampling, text FROM responses WHERE ok "
+                                 "ORDER BY created_at, key").fetchall()
+    out = []
+    for key, model_id, role, messages, sampling, text in rows:
+        idx = by_model.get(model_id)
+        if idx is None or role not in ROLES:
+            continue
+        msgs = [ChatMessage(r, c) for r, c in json.loads(messages)]
+        if pool.key(idx, msgs, role) != key:
+            continue  # made with other settings or another engine
+        out.append((idx, role, msgs, SamplingParams(**json.loads(sampling)), text))
+        if len(out) == n:
+            break
+    return out
+
+
+def replay(pool_settings: PoolSettings, requests) -> tuple[list[str], float, int]:
+    """Every request through a fresh pool (no store): replies, wall seconds, completion tokens."""
+    from trinity.pool.llama_server import LLAMA_SERVERS
+
+    LLAMA_SERVERS.stop_all()  # fresh servers: empty slots and prompt caches
+    pool = build_pool(pool_settings, None)
+
+    async def main():
+        return await asyncio.gather(*(pool.members[i].chat(m, s) for i, _, m, s, _ in requests))
+
+    t0 = time.perf_counter()
+    replies = asyncio.run(main())
+    wall = time.perf_counter() - t0
+    LLAMA_SERVERS.stop_all()
+    failed = [r.error for r in replies if not r.ok]
+    if failed:
+        print(f"[bench] {len(failed)} failed replies, e.g. {failed[0]}", file=sys.stderr)
+    return [r.text for r in replies], wall, sum(r.completion_tokens for r in replies)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--store", type=Path, default=ROOT / "data" / "store" / "trinity.duckdb")
+    ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
+    ap.add_argument("--engine", choices=("llama-server", "in-process"), default=None,
+                    help="the engine to replay with (default: the run's, params.yaml's pool.local_engine)")
+    args = ap.parse_args()
+
+    settings = load_settings(args.params)
+    requests = stored_requests(args.store, build_pool(settings.pool, None), args.requests)
+    if not requests:
+        print(f"no stored request of this pool in {args.store}: run the pipeline first", file=sys.stderr)
+        return 1
+    engine = args.engine or settings.pool.local_engine
+    pool_settings = settings.pool.model_copy(update={"members": [
+        m.model_copy(update={"engine": engine}) for m in settings.pool.members]})
+    names = [m.name for m in settings.pool.members]
+    print(f"[bench] {len(requests)} stored requests ({dict(Counter(names[r[0]] for r in requests))}); "
+          f"replaying twice with {engine} at concurrency {settings.pool.max_concurrency}", file=sys.stderr)
+    a, wall_a, tok_a = replay(pool_settings, requests)
+    print(f"[bench] replay A: {wall_a:.0f}s", file=sys.stderr)
+    b, wall_b, tok_b = replay(pool_settings, requests)
+    print(f"[bench] replay B: {wall_b:.0f}s", file=sys.stderr)
+
+    stored = [r[4] for r in requests]
+    same_ab = [x == y for x, y in zip(a, b)]
+    per_member = {}
+    for name in dict.fromkeys(names[r[0]] for r in requests):
+        ix = [j for j, r in enumerate(requests) if names[r[0]] == name]
+        per_member[name] = {"requests": len(ix), "identical_a_b": sum(same_ab[j] for j in ix),
+                            "identical_run_a": sum(stored[j] == a[j] for j in ix)}
+    detail = {
+        "engine": engine, "requests": len(requests), "concurrency": settings.pool.max_concurrency,
+        "identical_a_b": sum(same_ab), "identical_run_a": sum(s == x for s, x in zip(stored, a)),
+        "identical_run_b": sum(s == x for s, x in zip(stored, b)), "per_member": per_member,
+        "by_role_identical_a_b": {role: f"{sum(same_ab[j] for j, r in enumerate(requests) if r[1] == role)}/"
+                                        f"{sum(1 for r in requests if r[1] == role)}" for role in ROLES},
+        "wall_s": [round(wall_a, 1), round(wall_b, 1)], "completion_tokens": [tok_a, tok_b],
+        "store": str(args.store), "commit": _commit(), "cpu": _cpu_kind(),
+    }
+    print(json.dumps({"name": "engine_determinism", "figure": round(sum(same_ab) / len(requests), 3),
+                      "unit": "share of replies byte-identical between two fresh replays",
+                      "compared_to": "the run's own stored replies (detail.identical_run_a/b) and between the two "
+                                     "replays, same requests, same run",
+                      "detail": detail}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,343 @@
+"""Local pool members served by llama.cpp's own server (`PoolMember.engine: llama-server`, the default).
+
+One `llama-server` process per model (per GGUF file and settings), started by the first call that needs it and
+shared by every member that names it (`LLAMA_SERVERS`, one per process). It decodes up to `max_concurrency`
+calls at once as one batch (parallel slots, continuous batching) and keeps each slot's prompt in its KV cache,
+reusing the longest common prefix of the next prompt (`--cache-reuse`): an episode's later turns repeat the
+earlier transcript, and every candidate of a generation starts from the same task prompts. It is called over
+loopback HTTP through the OpenAI-compatible member (`trinity.pool.openai_compat`): one call path, retries,
+limits and failure kinds, for local and remote members. A user's own server (llama.cpp, vLLM, Ollama, on a GPU
+box) is that same path, written as an `openai` member with its URL (README, "Point Trinity at real endpoints").
+
+The binary is built once per CPU by `scripts/build_llama_server.sh` (`make setup` runs it) from the llama.cpp that
+llama-cpp-python vendors, into ~/.cache/trinity/llama-server/cpu-<CPU_KEY>/ (env TRINITY_LLAMA_SERVER: another one).
+
+Lifetime: a server lives as long as the process that started it. It is stopped at exit (atexit), and it dies with
+that process however the process dies, SIGKILL included: it is started from a thread that lives as long as the
+process, with PR_SET_PDEATHSIG (Linux), and it inherits the process guard's mark (`trinity.ops.process_guard`)
+like every child of a guarded run. A server found dead is started again on the next call.
+
+Same requests as in process: a chat member's messages go to /v1/chat/completions (the GGUF's own chat template,
+as llama-cpp-python renders it), a base model's rendered few-shot prompt and stop string to /v1/completions, a
+Verifier's reply under the same GBNF grammar (`grammar`), with llama-cpp-python's sampler defaults sent
+explicitly (`LLAMA_SAMPLERS`). A stored response's key (`request_identity`) names the engine: replies of the two
+engines are never mixed in one store. Batched decoding is not batch-invariant, so two fresh runs can differ in a
+sampled token where their calls overlapped differently; the store is the replay anchor (a rerun pays no call and
+reproduces the run exactly). How many replies differ: docs/benchmarks.md, "Local engine".
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import ctypes
+import dataclasses
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from trinity.config import PoolMember
+from trinity.pool.base import LoopLocalSemaphore
+from trinity.pool.errors import PoolConfigError
+from trinity.pool.openai_compat import OpenAICompatibleChatModel
+from trinity.pool.local import COMPLETION_STOP, LocalChatModel, _llama_cpp_version, completion_prompt, output_grammar
+from trinity.records import ChatMessage, ChatResponse, SamplingParams
+
+BINARY_ENV = "TRINITY_LLAMA_SERVER"
+"""A llama-server binary to use instead of this CPU's build in the cache."""
+LLAMA_SAMPLERS: dict[str, float] = {"top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0}
+"""llama-cpp-python's sampler defaults, sent with every request so that the server samples as the in-process path."""
+CACHE_REUSE_TOKENS = 256
+"""`--cache-reuse`: the smallest chunk of a slot's cached prompt reused by shifting it (KV shifting)."""
+CALL_TIMEOUT_S = 1800.0
+"""One call's deadline: a local server is slow only because the CPU is busy (a 320-token reply in a full batch on
+2 cores takes minutes); a server that died is seen at once as a refused connection."""
+START_TIMEOUT_S = 300.0
+STOP_GRACE_S = 15.0
+
+
+def cpu_key() -> str:
+    """The Makefile's CPU_KEY: md5 of the first `flags` line of /proc/cpuinfo (with its newline, as grep prints it),
+    12 hex digits: the build of one CPU is never run on another."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        line = ""
+    return hashlib.md5(line.encode()).hexdigest()[:12]
+
+
+def server_binary() -> Path:
+    """This CPU's llama-server (or env TRINITY_LLAMA_SERVER's)."""
+    env = os.environ.get(BINARY_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "trinity" / "llama-server" / f"cpu-{cpu_key()}" / "llama-server"
+
+
+def binary_problem() -> str | None:
+    """Why the llama-server engine cannot run here (None: it can)."""
+    binary = server_binary()
+    if os.access(binary, os.X_OK):
+        return None
+    where = f"${BINARY_ENV}={binary}" if os.environ.get(BINARY_ENV) else str(binary)
+    return (f"llama-server is not built for this CPU ({where} is missing): run `make setup` (or "
+            f"`bash scripts/build_llama_server.sh`, ~5 min once), or set pool.local_engine: in-process")
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What one llama-server process serves and how: a process per distinct spec."""
+
+    binary: str
+    gguf: str
+    ctx_per_slot: int
+    slots: int
+    threads: int
+
+    def command(self, port: int) -> list[str]:
+        return [self.binary, "-m", self.gguf, "-c", str(self.ctx_per_slot * self.slots), "-np", str(self.slots),
+                "-t", str(self.threads), "-tb", str(self.threads), "--cache-reuse", str(CACHE_REUSE_TOKENS),
+                "--host", "127.0.0.1", "--port", str(port)]
+
+
+class ServerStartError(RuntimeError):
+    """A llama-server did not come up (its log's tail is in the message)."""
+
+
+_PRCTL = None
+if sys.platform == "linux":
+    try:
+        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved now: nothing to look up in the forked child
+    except (OSError, AttributeError):
+        _PRCTL = None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the thread that started it ends (the launcher thread, which ends
+    only with the process)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, 9)
+
+
+_LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-server-launcher")
+"""The one thread every server is started from: PR_SET_PDEATHSIG fires when the *thread* that forked the child
+ends, and this one lives as long as the process (a call's own thread may be a short-lived worker thread)."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """One running llama-server: started and health-checked by `start`, stopped by `stop`."""
+
+    def __init__(self, spec: ServerSpec, log_dir: Path):
+        self.spec = spec
+        self.log_path = log_dir / f"llama-server-{Path(spec.gguf).stem}-{os.getpid()}-{time.monotonic_ns()}.log"
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.start_s = 0.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> "ServerProcess":
+        t0 = time.monotonic()
+        for attempt in range(3):  # another process may take the free port before the server binds it
+            self.port = _free_port()
+            cmd = self.spec.command(self.port)
+            with open(self.log_path, "ab") as log:
+                self.proc = _LAUNCHER.submit(
+                    subprocess.Popen, cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent if _PRCTL is not None else None).result()
+            try:
+                self._wait_healthy()
+                self.start_s = time.monotonic() - t0
+                return self
+            except ServerStartError:
+                self.stop()
+                if attempt == 2 or "bind" not in self.log_tail(5).lower():
+                    raise
+        raise AssertionError("unreachable")
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"llama-server for {Path(self.spec.gguf).name} exited with code "
+                                       f"{self.proc.returncode} while starting (log {self.log_path}):\n"
+                                       + self.log_tail())
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass  # not listening yet, or 503 while the model loads
+            time.sleep(0.2)
+        raise ServerStartError(f"llama-server for {Path(self.spec.gguf).name} not healthy after "
+                               f"{START_TIMEOUT_S:.0f}s (log {self.log_path}):\n" + self.log_tail())
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class LlamaServers:
+    """The llama-server processes of this process: one per `ServerSpec`, started on first use (again if found
+    dead), stopped at exit. Like `trinity.pool.local.LLAMA_MODELS`, process-level state by nature (processes)."""
+
+    def __init__(self) -> None:
+        self._servers: dict[ServerSpec, ServerProcess] = {}
+        self._lock = threading.Lock()
+        self._log_dir: Path | None = None
+        self.starts: list[str] = []
+        """Every server start of this process, in order (GGUF file name)."""
+
+    def get(self, spec: ServerSpec) -> ServerProcess:
+        """The running server of `spec` (started now, blocking, if there is none or it died)."""
+        with self._lock:
+            server = self._servers.get(spec)
+            if server is not None and server.alive():
+                return server
+            if server is not None:
+                print(f"[pool] llama-server for {Path(spec.gguf).name} died (code {server.proc.returncode}); "
+                      f"starting it again. Its log: {server.log_path}", file=sys.stderr, flush=True)
+            if self._log_dir is None:
+                self._log_dir = Path(tempfile.mkdtemp(prefix="trinity-llama-server-"))
+            server = ServerProcess(spec, self._log_dir).start()
+            self._servers[spec] = server
+            self.starts.append(Path(spec.gguf).name)
+            return server
+
+    def running(self) -> list[ServerProcess]:
+        with self._lock:
+            return [s for s in self._servers.values() if s.alive()]
+
+    def stop_all(self) -> None:
+        with self._lock:
+            servers, self._servers = list(self._servers.values()), {}
+        for s in servers:
+            s.stop()
+
+
+LLAMA_SERVERS = LlamaServers()
+"""This process's llama-server processes (see LlamaServers)."""
+atexit.register(LLAMA_SERVERS.stop_all)
+
+
+class LlamaServerChatModel(LocalChatModel):
+    """A local member (bundled id or .gguf path) served by llama-server: the GGUF's identity, prompts and grammar
+    of `LocalChatModel`, the call of `OpenAICompatibleChatModel` (see the module doc). `global_limit` and
+    `member_limit` are the pool's slots (`ConcurrencyLimits`); the member's own limit is its server's slot count."""
+
+    def __init__(self, member: PoolMember, global_limit: LoopLocalSemaphore | None = None, *,
+                 member_limit: LoopLocalSemaphore | None = None):
+        super().__init__(member)
+        problem = binary_problem()
+        if problem is not None:
+            raise PoolConfigError(f"pool member {member.name!r}: {problem}")
+        self.spec = ServerSpec(binary=str(server_binary()), gguf=str(self.path), ctx_per_slot=member.n_ctx,
+                               slots=member.max_concurrency, threads=member.n_threads or usable_cores())
+        # Slots and threads are left out: which calls share a batch shapes a reply too, and no setting fixes it.
+        self._identity = {
+            "prompt_style": "completion" if self.completion_style else "chat",
+            "stop": list(COMPLETION_STOP) if self.completion_style else [],
+            "n_ctx": member.n_ctx, "engine": "llama-server", "llama_cpp": _llama_cpp_version(),
+            "samplers": dict(LLAMA_SAMPLERS),
+        }
+        self._limits = (global_limit, member_limit)
+        self._client: _ServerClient | None = None
+
+    def _client_of(self, server: ServerProcess) -> "_ServerClient":
+        if self._client is None or self._client.member.base_url != server.base_url:
+            http_member = PoolMember(name=self.name, backend="openai", model=Path(self.spec.gguf).name,
+                                     base_url=server.base_url, max_concurrency=self.spec.slots,
+                                     timeout_s=CALL_TIMEOUT_S, max_retries=0)
+            global_limit, member_limit = self._limits
+            self._client = _ServerClient(self, http_member, global_limit, member_limit=member_limit)
+        return self._client
+
+    async def chat(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
+        """One call; the server is started on first use (and again if it died: then the call is asked once more)."""
+        t0 = time.monotonic()
+        resp: ChatResponse | None = None
+        for _ in range(2):
+            try:
+                server = await asyncio.to_thread(LLAMA_SERVERS.get, self.spec)
+            except ServerStartError as e:
+                return ChatResponse(text="", ok=False, error=str(e), failure="transient", model=self.model_id,
+                                    latency_s=time.monotonic() - t0)
+            resp = await self._client_of(server).chat(messages, sampling)
+            if resp.ok or resp.failure == "deterministic" or server.alive():
+                break
+        assert resp is not None
+        return dataclasses.replace(resp, model=self.model_id, latency_s=time.monotonic() - t0)
+
+    def generate(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
+        """The blocking call, for a caller without an event loop."""
+        return asyncio.run(self.chat(messages, sampling))
+
+
+class _ServerClient(OpenAICompatibleChatModel):
+    """The OpenAI-compatible member that calls one llama-server, asking what `LocalChatModel` asks in process."""
+
+    def __init__(self, model: LlamaServerChatModel, http_member: PoolMember,
+                 global_limit: LoopLocalSemaphore | None, *, member_limit: LoopLocalSemaphore | None):
+        # httpx: a client left behind when a new event loop takes over (one per training generation) is collected
+        # silently; aiohttp's warns "Unclosed client session" for each
+        super().__init__(http_member, global_limit, member_limit=member_limit, transport="httpx")
+        self.local_model = model
+
+    def request(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> tuple[str, dict[str, Any]]:
+        return server_request(self.local_model, messages, sampling)
+
+
+def server_request(model: LocalChatModel, messages: Sequence[ChatMessage],
+                   sampling: SamplingParams) -> tuple[str, dict[str, Any]]:
+    """The route and body that ask llama-server what `LocalChatModel.generate` asks llama-cpp-python."""
+    body: dict[str, Any] = {"model": model.name, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                            "max_tokens": sampling.max_tokens, "seed": sampling.seed, **LLAMA_SAMPLERS}
+    grammar = output_grammar(sampling)
+    if grammar is not None:
+        body["grammar"] = grammar
+    if model.completion_style:
+        return "/completions", {**body, "prompt": completion_prompt(messages), "stop": list(COMPLETION_STOP)}
+    return "/chat/completions", {**body, "messages": [{"role": m.role, "content": m.content} for m in messages]}

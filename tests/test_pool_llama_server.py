@@ -1,0 +1,194 @@
+"""Local members served by llama.cpp's own server (the default engine): real llama-server processes on 127.0.0.1,
+the bundled GGUFs, the pool's one OpenAI-compatible call path."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from trinity.config import PoolSettings
+from trinity.pool.base import ConcurrencyLimits
+from trinity.pool.errors import PoolConfigError, check_pool_config
+from trinity.pool.llama_server import LLAMA_SERVERS, LlamaServerChatModel, binary_problem
+from trinity.pool.runtime import build_pool
+from trinity.pool.worker import expand_request
+from trinity.records import ChatMessage
+from trinity.store import Store
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+SMOL = {"name": "smol", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 48, "temperature": 0.0}
+GEMMA = {"name": "gemma", "backend": "local", "model": "gemma-3-270m", "max_tokens": 24, "temperature": 0.0}
+QUESTION = [ChatMessage("user", "What is 7 times 6? Answer briefly.")]
+
+pytestmark = pytest.mark.skipif(binary_problem() is not None, reason=str(binary_problem()))
+# (`make setup` builds the server, so under `make test` this never skips; a bare pytest without it says why)
+
+
+def pool_of(*members: dict, store: Store | None = None, **pool: object):
+    settings = PoolSettings.model_validate({"members": list(members), "max_concurrency": 4, **pool})
+    return build_pool(settings, store, {"verifier": 48})
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_settings_route_local_members_to_the_server_with_the_pools_slots():
+    settings = PoolSettings.model_validate({"members": [SMOL, {**GEMMA, "engine": "in-process"}],
+                                            "max_concurrency": 6})
+    smol, gemma = settings.members
+    assert (smol.engine, smol.max_concurrency) == ("llama-server", 6)  # slots = calls the pool keeps in flight
+    assert (gemma.engine, gemma.max_concurrency) == ("in-process", 1)  # its own engine wins
+    every = PoolSettings.model_validate({"members": [SMOL], "local_engine": "in-process"})
+    assert every.members[0].engine == "in-process"
+    limits = ConcurrencyLimits(6, settings.members)
+    assert limits.per_member[0] is not None and limits.per_member[0].value == 6  # the server's slots
+    assert limits.per_member[1] is None  # in process: one call at a time per model, by its lock
+
+
+def test_the_engine_is_part_of_the_store_key():
+    server = pool_of(SMOL)
+    in_process = pool_of(SMOL, local_engine="in-process")
+    assert server.members[0].model_id == in_process.members[0].model_id  # same weights
+    assert server.key(0, QUESTION) != in_process.key(0, QUESTION)  # never one engine's reply for the other's
+
+
+def test_chat_base_model_and_verdict_requests_through_the_server():
+    """The same requests as in process: a chat member's messages under the GGUF's template (same prompt tokens as
+    llama-cpp-python renders), a base model's few-shot prompt cut at its stop string, a Verifier's reply under the
+    verdict grammar; all on one server per model, started on first use."""
+    starts = len(LLAMA_SERVERS.starts)
+    pool = pool_of(SMOL, GEMMA)
+
+    async def calls():
+        return await asyncio.gather(
+            pool.complete(0, QUESTION), pool.complete(1, QUESTION),
+            pool.complete(0, QUESTION + [ChatMessage("assistant", "42"), ChatMessage("user", "Is that right?")],
+                          role="verifier"))
+
+    chat, base, verdict = asyncio.run(calls())
+    for r in (chat, base, verdict):
+        assert r.ok, r.error
+        assert r.completion_tokens > 0
+    assert chat.model == pool.members[0].model_id and base.model == pool.members[1].model_id
+    assert "\n\nQuestion:" not in base.text  # the stop string cuts a base model's next invented question
+    assert verdict.text.rstrip().splitlines()[-1] in ("Verdict: ACCEPT", "Verdict: REJECT")
+    assert LLAMA_SERVERS.starts[starts:] == ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"]
+
+    in_process = pool_of(SMOL, local_engine="in-process")
+    same = asyncio.run(in_process.complete(0, QUESTION))
+    assert same.prompt_tokens == chat.prompt_tokens  # one chat template, rendered alike
+
+    # a second event loop (training runs one per generation) reuses the running server and makes a new client
+    again = asyncio.run(pool.complete(0, [ChatMessage("user", "Name a prime number.")]))
+    assert again.ok, again.error
+    assert len(LLAMA_SERVERS.starts) == starts + 2
+
+
+def test_a_prompt_beyond_the_context_is_a_deterministic_failure():
+    pool = pool_of({**SMOL, "name": "tiny-ctx", "n_ctx": 128})
+    r = asyncio.run(pool.complete(0, [ChatMessage("user", "count: " + " ".join(str(i) for i in range(400)))]))
+    assert not r.ok and r.failure == "deterministic", r  # stored as the answer: asking again fails the same way
+    assert "context" in (r.error or "") or "400" in (r.error or "")
+
+
+def test_a_dead_server_is_started_again_on_the_next_call():
+    pool = pool_of({**SMOL, "name": "restart", "n_ctx": 1024})  # a server of its own (other context)
+    first = asyncio.run(pool.complete(0, QUESTION))
+    assert first.ok, first.error
+    server = LLAMA_SERVERS.get(pool.members[0].spec)
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    starts = len(LLAMA_SERVERS.starts)
+    second = asyncio.run(pool.complete(0, [ChatMessage("user", "Name a prime number.")]))
+    assert second.ok, second.error
+    assert len(LLAMA_SERVERS.starts) == starts + 1
+
+
+def test_a_task_runner_worker_calls_the_server_too():
+    from trinity.pool.local import LLAMA_MODELS
+
+    settings = PoolSettings.model_validate({"members": [SMOL], "max_concurrency": 2}).members[0]
+    loaded = list(LLAMA_MODELS.loads)
+    resp, info = expand_request(settings.model_dump(), [["user", QUESTION[0].content]],
+                                {"temperature": 0.0, "top_p": 0.95, "max_tokens": 16, "seed": 0})
+    assert resp["ok"], resp["error"]
+    assert info["models_loaded"] == loaded  # nothing loaded in process
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in info["servers_started"]
+
+
+def test_a_stored_reply_is_served_without_starting_a_server(tmp_path):
+    """A replay from the store starts no llama-server (fresh processes, so nothing is running already)."""
+    script = textwrap.dedent(f"""
+        import asyncio, json, sys
+        sys.path.insert(0, {SRC!r})
+        from trinity.config import PoolSettings
+        from trinity.pool.llama_server import LLAMA_SERVERS
+        from trinity.pool.runtime import build_pool
+        from trinity.records import ChatMessage
+        from trinity.store import Store
+        store = Store({str(tmp_path / 'store.duckdb')!r})
+        pool = build_pool(PoolSettings.model_validate({{"members": [{SMOL!r}]}}), store)
+        r = asyncio.run(pool.complete(0, [ChatMessage("user", "What is 7 times 6?")]))
+        store.close()
+        print(json.dumps({{"text": r.text, "calls": pool.stats.calls_made, "starts": LLAMA_SERVERS.starts}}))
+    """)
+    runs = [json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                                      timeout=300).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    assert runs[0]["calls"] == 1 and runs[0]["starts"] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert runs[1] == {"text": runs[0]["text"], "calls": 0, "starts": []}
+
+
+def test_no_server_outlives_a_sigkilled_run():
+    """The run that started a server is SIGKILLed (no exit handler runs): its server goes with it. The server was
+    started by a call on an asyncio worker thread whose loop has ended since, as in training."""
+    script = textwrap.dedent(f"""
+        import asyncio, sys, time
+        sys.path.insert(0, {SRC!r})
+        from trinity.config import PoolSettings
+        from trinity.pool.llama_server import LLAMA_SERVERS
+        from trinity.pool.runtime import build_pool
+        from trinity.records import ChatMessage
+        pool = build_pool(PoolSettings.model_validate({{"members": [{SMOL!r}]}}), None)
+        r = asyncio.run(pool.complete(0, [ChatMessage("user", "Hi")]))
+        assert r.ok, r.error
+        print(LLAMA_SERVERS.running()[0].proc.pid, flush=True)
+        time.sleep(600)
+    """)
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(run.stdout.readline())
+        time.sleep(1.0)
+        assert pid_alive(server_pid)  # alive after the loop (and its worker threads) ended
+        run.kill()
+        run.wait()
+        deadline = time.monotonic() + 15
+        while pid_alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(server_pid), f"llama-server {server_pid} outlived the SIGKILLed run"
+    finally:
+        run.kill()
+
+
+def test_a_missing_server_build_is_a_config_error_naming_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRINITY_LLAMA_SERVER", str(tmp_path / "no-such-llama-server"))
+    settings = PoolSettings.model_validate({"members": [SMOL]})
+    with pytest.raises(PoolConfigError) as e:
+        check_pool_config(settings)
+    assert "pool member 'smol'" in str(e.value) and "make setup" in str(e.value)
+    assert "pool.local_engine: in-process" in str(e.value)
+    with pytest.raises(PoolConfigError):
+        LlamaServerChatModel(settings.members[0])
+    check_pool_config(PoolSettings.model_validate({"members": [SMOL], "local_engine": "in-process"}))  # no server
