@@ -48,8 +48,10 @@ from trinity.store import Store  # noqa: E402
 ROLES = ("worker", "thinker", "verifier")
 
 
-def stored_requests(store_path: Path, pool, n: int) -> list[tuple[int, str, list[ChatMessage], SamplingParams, str]]:
-    """(member index, role, messages, sampling, stored reply) of the first `n` ok requests this pool made."""
+def stored_requests(store_path: Path, pool, n: int,
+                    any_engine: bool = False) -> list[tuple[int, str, list[ChatMessage], SamplingParams, str]]:
+    """(member index, role, messages, sampling, stored reply) of the first `n` ok requests this pool made (any_engine:
+    also those its members' weights answered with other settings or another engine)."""
     by_model = {m.model_id: i for i, m in enumerate(pool.members)}
     with Store(store_path, read_only=True) as store:
         rows = store.con.execute("SELECT key, model_id, role, messages, sampling, text FROM responses WHERE ok "
@@ -60,7 +62,7 @@ def stored_requests(store_path: Path, pool, n: int) -> list[tuple[int, str, list
         if idx is None or role not in ROLES:
             continue
         msgs = [ChatMessage(r, c) for r, c in json.loads(messages)]
-        if pool.key(idx, msgs, role) != key:
+        if not any_engine and pool.key(idx, msgs, role) != key:
             continue  # made with other settings or another engine
         out.append((idx, role, msgs, SamplingParams(**json.loads(sampling)), text))
         if len(out) == n:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from trinity.config import PoolMember
+from trinity.config import PoolMember, PoolSettings
 from trinity.pool.base import LoopLocalSemaphore
 from trinity.pool.errors import PoolConfigError
 from trinity.pool.openai_compat import OpenAICompatibleChatModel
@@ -101,6 +101,22 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def with_thread_budget(pool: PoolSettings) -> PoolSettings:
+    """`pool` with the threads of every llama-server member that sets none (`n_threads`) filled in: the usable cores
+    split evenly between the models the pool serves, at least one thread each. A generation keeps calls to every
+    member in flight, so the servers decode at the same time; more threads than cores in all would have each server
+    wait at every operation's barrier for a thread the OS has not scheduled (measured: docs/benchmarks.md, "Local
+    engine"). Runtime only: the settings' own `n_threads` stays unset (no machine's core count in a run's identity)."""
+    served = {m.model for m in pool.members if m.backend == "local" and m.engine == "llama-server"}
+    if not served:
+        return pool
+    threads = max(1, usable_cores() // len(served))
+    return pool.model_copy(update={"members": [
+        m.model_copy(update={"n_threads": threads})
+        if m.backend == "local" and m.engine == "llama-server" and m.n_threads is None else m
+        for m in pool.members]})
 
 
 @dataclass(frozen=True)
@@ -321,9 +337,7 @@ class _ServerClient(OpenAICompatibleChatModel):
 
     def __init__(self, model: LlamaServerChatModel, http_member: PoolMember,
                  global_limit: LoopLocalSemaphore | None, *, member_limit: LoopLocalSemaphore | None):
-        # httpx: a client left behind when a new event loop takes over (one per training generation) is collected
-        # silently; aiohttp's warns "Unclosed client session" for each
-        super().__init__(http_member, global_limit, member_limit=member_limit, transport="httpx")
+        super().__init__(http_member, global_limit, member_limit=member_limit)
         self.local_model = model
 
     def request(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> tuple[str, dict[str, Any]]:

@@ -48,7 +48,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
@@ -174,6 +174,7 @@ class OpenAICompatibleChatModel:
         self._totals = UsageTotals()
         self._transport = transport
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closer: Any = None
         self._client = self._new_client()
         del key
 
@@ -186,15 +187,20 @@ class OpenAICompatibleChatModel:
             http_client=_http_client(self._transport, self.member),
         )
 
-    def _bind_to_running_loop(self) -> None:
+    async def _bind_to_running_loop(self) -> None:
         """HTTP clients belong to one event loop; training runs one loop per generation (asyncio.run), so a
-        new loop gets a new client (the limits are LoopLocalSemaphores: they rebind themselves)."""
+        new loop gets a new client (the limits are LoopLocalSemaphores: they rebind themselves). The client is
+        closed when its loop shuts down (`_close_at_loop_end`), while the loop can still run the close: left to the
+        garbage collector, a client of a finished loop tries to close itself on the next loop and fails ("Event
+        loop is closed", "Unclosed client session")."""
         loop = asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop = loop
-        elif loop is not self._loop:
-            self._loop = loop
+        if loop is self._loop:
+            return
+        if self._loop is not None:
             self._client = self._new_client()
+        self._loop = loop
+        self._closer = _close_at_loop_end(self._client)
+        await self._closer.__anext__()
 
     # -- public ----------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -241,7 +247,7 @@ class OpenAICompatibleChatModel:
 
     async def chat(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
         """One chat completion, retried per the module policy. Never raises for model-side failures."""
-        self._bind_to_running_loop()
+        await self._bind_to_running_loop()
         t0 = time.monotonic()
         route, body = self.request(messages, sampling)
         attempts = 0
@@ -402,6 +408,16 @@ class OpenAICompatibleChatModel:
 
     def _clean(self, text: str) -> str:
         return redact_text(text, extra_secrets=self._key.values())
+
+
+async def _close_at_loop_end(client: Any) -> AsyncIterator[None]:
+    """An async generator whose only job is its `finally`: once started on a loop, the loop's shutdown
+    (`asyncio.run` calls `loop.shutdown_asyncgens()` before closing it; PEP 525) finalises it, closing `client`."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
 
 
 class _Secret:

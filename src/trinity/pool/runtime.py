@@ -33,6 +33,7 @@ from typing import AsyncIterator, Callable, Iterator, NamedTuple, Protocol, Sequ
 
 from trinity.config import PoolMember, PoolSettings
 from trinity.pool.base import ChatModel, ConcurrencyLimits
+from trinity.pool.llama_server import with_thread_budget
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 from trinity.store import Store, response_key
 
@@ -319,9 +320,11 @@ class _BatchProgress:
 
 
 def build_members(pool: PoolSettings, limits: ConcurrencyLimits | None = None) -> list[ChatModel]:
-    """Instantiate every configured member, HTTP members under `limits` (default: new ones from `pool`). Fails
-    before any work on an unknown backend or missing key."""
+    """Instantiate every configured member, HTTP members under `limits` (default: new ones from `pool`), llama-server
+    members with their share of the cores (`with_thread_budget`). Fails before any work on an unknown backend or
+    missing key."""
     members: list[ChatModel] = []
+    pool = with_thread_budget(pool)
     limits = limits if limits is not None else ConcurrencyLimits(pool.max_concurrency, pool.members)
     for i, m in enumerate(pool.members):
         if m.backend == "local" and m.engine == "llama-server":
@@ -345,5 +348,6 @@ def build_pool(pool: PoolSettings, store: Store | None, role_max_tokens: dict[st
                executor: Executor | None = None) -> Pool:
     """The pool of `pool`'s members over `store`. executor: what runs never-seen requests (default: in process;
     `trinity.evolve.engine.executor_for` picks the task runner of `evolve.task_runner`)."""
+    pool = with_thread_budget(pool)  # the settings a task runner's workers get name the threads too
     limits = ConcurrencyLimits(pool.max_concurrency, pool.members)
     return Pool(build_members(pool, limits), pool.members, store, role_max_tokens, executor, limits)
