@@ -192,3 +192,35 @@ def test_a_missing_server_build_is_a_config_error_naming_the_fix(monkeypatch, tm
     with pytest.raises(PoolConfigError):
         LlamaServerChatModel(settings.members[0])
     check_pool_config(PoolSettings.model_validate({"members": [SMOL], "local_engine": "in-process"}))  # no server
+
+
+def test_the_cores_are_split_between_the_served_models(monkeypatch):
+    """Every server decodes while the others do (a generation keeps calls to every member in flight): the usable
+    cores are shared out, at least one thread each; a member's own n_threads and in-process members are left alone,
+    and the settings themselves keep n_threads unset (no machine's core count in a run's identity)."""
+    from trinity.pool import llama_server
+
+    members = [SMOL, GEMMA, {**SMOL, "name": "smol-hot", "temperature": 0.9},  # same GGUF: one server's share
+               {**SMOL, "name": "qwen", "model": "qwen2.5-coder-0.5b-instruct", "n_threads": 3},
+               {**GEMMA, "name": "gemma-ip", "model": "qwen2.5-coder-1.5b-instruct", "engine": "in-process"}]
+    settings = PoolSettings.model_validate({"members": members})
+    for cores, share in ((2, 1), (8, 2), (16, 5)):
+        monkeypatch.setattr(llama_server, "usable_cores", lambda c=cores: c)
+        budget = llama_server.with_thread_budget(settings)
+        assert [m.n_threads for m in budget.members] == [share, share, share, 3, None], cores
+    assert all(m.n_threads is None for m in settings.members if m.name != "qwen")
+    pool = build_pool(settings, None)
+    assert pool.settings[0].n_threads == pool.members[0].spec.threads == max(1, llama_server.usable_cores() // 3)
+
+
+def test_a_finished_event_loop_closes_its_clients(capfd):
+    """One event loop per training generation: each loop's HTTP client is closed when the loop shuts down, so no
+    'Event loop is closed' or 'Unclosed client session' noise when the next loop takes over."""
+    import gc
+
+    pool = pool_of(SMOL)
+    for i in range(3):
+        assert asyncio.run(pool.complete(0, [ChatMessage("user", f"Say {i}.")])).ok
+    gc.collect()
+    err = capfd.readouterr().err
+    assert "Event loop is closed" not in err and "Unclosed" not in err, err

@@ -63,6 +63,8 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
         pool = build_pool(settings.pool, store, policy.role_caps(settings))
         judge = None
         if judged:
+            if judge_in_pool:  # the pool's own member, with its share of the cores: one server for both
+                judge_settings = next(m for m in pool.settings if m.name == judge_settings.name)
             judge = MTBenchJudge(judge_pool(judge_settings, ev.judge_max_tokens, store, settings.pool.max_concurrency),
                                  prompts)
         run = run_eval(settings, trained.params, tasks, pool, trained.states(encoder, store), grade, judge=judge)
