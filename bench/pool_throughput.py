@@ -15,10 +15,10 @@ generation keeps in flight), a new one as soon as one returns, through
       free loopback port (continuous batching over parallel slots, a prompt cache per slot), called over HTTP on
       its OpenAI-compatible /v1/chat/completions (/v1/completions with the member's rendered prompt and stop string
       for a completion-style member) with the same messages and sampling (top_k 40 and min_p 0.05 sent explicitly:
-      llama-cpp-python's defaults), by plain aiohttp rather than the project's OpenAICompatibleChatModel: that one
-      returns no `timings` and sends a Verifier request's format as a JSON-schema response_format, not the
-      in-process path's grammar. The server is stopped at the end, also on an error or SIGTERM, and dies with
-      this process (PR_SET_PDEATHSIG) if it is killed.
+      llama-cpp-python's defaults) — the pool's own request bodies (`trinity.pool.llama_server.server_request`) —,
+      sent by plain aiohttp rather than the pool's OpenAI-compatible client, which drops the replies' `timings`.
+      The server is the pool's `ServerProcess` with this bench's -t/-c; it is stopped at the end, also on an error
+      or SIGTERM, and dies with this process (PR_SET_PDEATHSIG) if it is killed.
   (c) the pool's own path since issue 26: the member as the pipeline runs it (`pool.local_engine: llama-server`,
       trinity.pool.llama_server.LlamaServerChatModel: its server started by the member, --concurrency slots, every
       core's threads, called through the OpenAI-compatible member). (b) and (c) differ only in the client; (b)
@@ -49,19 +49,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import hashlib
 import json
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,26 +63,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from trinity.config import load_settings  # noqa: E402
-from trinity.pool.local import COMPLETION_STOP, LocalChatModel, completion_prompt, load_llama, output_grammar  # noqa: E402
+from trinity.pool.llama_server import ServerProcess, ServerSpec, server_binary, server_request  # noqa: E402
+from trinity.pool.local import LocalChatModel, load_llama  # noqa: E402
 from trinity.records import ChatMessage, SamplingParams  # noqa: E402
 from trinity.store import Store  # noqa: E402
-
-LLAMA_DEFAULT_SAMPLERS = {"top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0}
-"""llama-cpp-python's create_(chat_)completion defaults, sent to the server so that both sides sample alike."""
-
-
-def cpu_key() -> str:
-    """The Makefile's CPU_KEY: md5 of the first `flags` line of /proc/cpuinfo (as grep prints it), 12 hex digits."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        line = ""
-    return hashlib.md5(line.encode()).hexdigest()[:12]
-
-
-def default_server_bin() -> Path:
-    return Path.home() / ".cache" / "trinity" / "llama-server" / f"cpu-{cpu_key()}" / "llama-server"
 
 
 @dataclass(frozen=True)
@@ -176,107 +154,18 @@ def run_inprocess(model: LocalChatModel, requests: list[Request], concurrency: i
 
 
 # ------------------------------------------------------------------------------------------- (b) llama-server
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the bench dies, however it dies (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-class LlamaServer:
-    """llama-server on a free loopback port: started and health-checked on enter, stopped on exit."""
-
-    def __init__(self, binary: Path, gguf: Path, n_parallel: int, ctx_per_slot: int, threads: int,
-                 cache_reuse: int, log_dir: Path, start_timeout_s: float = 300.0) -> None:
-        self.port = free_port()
-        self.root = f"http://127.0.0.1:{self.port}"
-        self.cmd = [str(binary), "-m", str(gguf), "-np", str(n_parallel), "-c", str(ctx_per_slot * n_parallel),
-                    "-t", str(threads), "--cache-reuse", str(cache_reuse), "--host", "127.0.0.1",
-                    "--port", str(self.port)]
-        self.log_path = log_dir / "llama-server.log"
-        self.start_timeout_s = start_timeout_s
-        self.proc: subprocess.Popen | None = None
-        self.start_s = 0.0
-
-    def __enter__(self) -> "LlamaServer":
-        t0 = time.perf_counter()
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        self.start_s = time.perf_counter() - t0
-        return self
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with code {self.proc.returncode} while starting:\n"
-                                   + self.log_tail())
-            try:
-                with urllib.request.urlopen(self.root + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass  # not listening yet, or 503 while the model loads
-            time.sleep(0.25)
-        raise RuntimeError(f"llama-server not healthy after {self.start_timeout_s:.0f}s:\n" + self.log_tail())
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def server_request(model: LocalChatModel, r: Request) -> tuple[str, dict]:
-    """The route and body that ask the server what `model.generate` asks llama-cpp-python."""
-    s = r.sampling
-    body: dict = {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "seed": s.seed,
-                  **LLAMA_DEFAULT_SAMPLERS}
-    grammar = output_grammar(s)
-    if grammar is not None:
-        body["grammar"] = grammar
-    if model.completion_style:
-        return "/v1/completions", {**body, "prompt": completion_prompt(r.messages), "stop": list(COMPLETION_STOP)}
-    return "/v1/chat/completions", {**body, "messages": [{"role": m.role, "content": m.content} for m in r.messages]}
-
-
-def run_server(server: LlamaServer, model: LocalChatModel, requests: list[Request],
+def run_server(server: ServerProcess, model: LocalChatModel, requests: list[Request],
                concurrency: int) -> tuple[list[Result], float]:
+    """(b): the pool's own request bodies (`server_request`), sent by plain aiohttp to keep the replies' `timings`."""
     import aiohttp
 
     async def main() -> tuple[list[Result], float]:
         timeout = aiohttp.ClientTimeout(total=1800)
-        async with aiohttp.ClientSession(server.root, timeout=timeout,
+        async with aiohttp.ClientSession(timeout=timeout,
                                          connector=aiohttp.TCPConnector(limit=concurrency + 2)) as http:
             async def call(r: Request) -> Result:
-                route, body = server_request(model, r)
-                async with http.post(route, json=body) as resp:
+                route, body = server_request(model, r.messages, r.sampling)
+                async with http.post(server.base_url + route, json=body) as resp:
                     raw = await resp.text()
                 try:
                     data = json.loads(raw)
@@ -335,13 +224,13 @@ def main() -> int:
     ap.add_argument("--roles", default="worker,thinker,verifier", help="stored roles to replay ('' = all)")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     ap.add_argument("--store", default=str(ROOT / "data" / "store" / "trinity.duckdb"))
-    ap.add_argument("--server-bin", default=str(default_server_bin()))
+    ap.add_argument("--server-bin", default=str(server_binary()))
     ap.add_argument("--threads", type=int, default=2, help="llama-server -t")
     ap.add_argument("--ctx-per-slot", type=int, default=4096, help="llama-server -c is this x --concurrency")
     ap.add_argument("--cache-reuse", type=int, default=256, help="llama-server --cache-reuse")
     args = ap.parse_args()
 
-    # SIGTERM ends the bench through the normal exit path, so the server is stopped by its context manager
+    # SIGTERM ends the bench through the normal exit path, so the server is stopped (finally, below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     server_bin = Path(args.server_bin)
@@ -368,10 +257,14 @@ def main() -> int:
     print(f"[pool_throughput] (a) in-process: {json.dumps(a)}", file=sys.stderr, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="trinity-bench-llama-server-") as tmp:
-        with LlamaServer(server_bin, model.path, args.concurrency, args.ctx_per_slot, args.threads,
-                         args.cache_reuse, Path(tmp)) as server:
+        spec = ServerSpec(binary=str(server_bin), gguf=str(model.path), ctx_per_slot=args.ctx_per_slot,
+                          slots=args.concurrency, threads=args.threads, cache_reuse=args.cache_reuse)
+        server = ServerProcess(spec, Path(tmp)).start()
+        try:
             b_results, b_wall = run_server(server, model, requests, args.concurrency)
-            start_s, cmd = server.start_s, server.cmd
+            start_s, cmd = server.start_s, spec.command(server.port)
+        finally:
+            server.stop()
     b = summarise(b_results, b_wall)
     print(f"[pool_throughput] (b) llama-server: {json.dumps(b)}", file=sys.stderr, flush=True)
     c_results, c_wall, c_cmd = run_pool_member(members[args.member], requests, args.concurrency)

@@ -128,10 +128,11 @@ class ServerSpec:
     ctx_per_slot: int
     slots: int
     threads: int
+    cache_reuse: int = CACHE_REUSE_TOKENS
 
     def command(self, port: int) -> list[str]:
         return [self.binary, "-m", self.gguf, "-c", str(self.ctx_per_slot * self.slots), "-np", str(self.slots),
-                "-t", str(self.threads), "-tb", str(self.threads), "--cache-reuse", str(CACHE_REUSE_TOKENS),
+                "-t", str(self.threads), "-tb", str(self.threads), "--cache-reuse", str(self.cache_reuse),
                 "--host", "127.0.0.1", "--port", str(port)]
 
 
