@@ -82,6 +82,7 @@ def main(argv=None) -> int:
     from trinity.evolve.sep_cma import evolve, saved_fitness_episodes
     from trinity.grading import grade, preflight
     from trinity.pool.runtime import build_pool
+    from trinity.pool.llama_server import with_thread_budget
     from trinity.coordinator.policy import make_encoder, role_caps
     from trinity.store import Store
 
@@ -158,6 +159,9 @@ def main(argv=None) -> int:
         "detail": {"generations": gens, "seconds_in_total": totals, "dominated_by": dominant,
                    "train_tasks": len(train), "train_sources": {k: a.per_source for k in d.train},
                    "pool": [m.name for m in settings.pool.members], "encoder": encoder.encoder_id,
+                   "local_engine": settings.pool.local_engine, "max_concurrency": settings.pool.max_concurrency,
+                   "threads_per_member": {m.name: m.n_threads for m in with_thread_budget(settings.pool).members
+                                          if m.backend == "local"},
                    "saved_fitness_episodes": len(saved_fitness_episodes(settings, train)),
                    "interrupted_generation": interrupted,
                    "wall_s": round(time.perf_counter() - t_start, 1), "commit": _commit(), "cpu": _cpu_kind()}}))
