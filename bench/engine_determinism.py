@@ -27,10 +27,8 @@ Last line: one JSON object (DESIGN.md's bench format).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -39,55 +37,10 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from learnability import _commit, _cpu_kind  # noqa: E402
+from stored_replay import ROLES, replay, stored_requests  # noqa: E402
 
-from trinity.config import PoolSettings, load_settings  # noqa: E402
+from trinity.config import load_settings  # noqa: E402
 from trinity.pool.runtime import build_pool  # noqa: E402
-from trinity.records import ChatMessage, SamplingParams  # noqa: E402
-from trinity.store import Store  # noqa: E402
-
-ROLES = ("worker", "thinker", "verifier")
-
-
-def stored_requests(store_path: Path, pool, n: int,
-                    any_engine: bool = False) -> list[tuple[int, str, list[ChatMessage], SamplingParams, str]]:
-    """(member index, role, messages, sampling, stored reply) of the first `n` ok requests this pool made (any_engine:
-    also those its members' weights answered with other settings or another engine)."""
-    by_model = {m.model_id: i for i, m in enumerate(pool.members)}
-    with Store(store_path, read_only=True) as store:
-        rows = store.con.execute("SELECT key, model_id, role, messages, sampling, text FROM responses WHERE ok "
-                                 "ORDER BY created_at, key").fetchall()
-    out = []
-    for key, model_id, role, messages, sampling, text in rows:
-        idx = by_model.get(model_id)
-        if idx is None or role not in ROLES:
-            continue
-        msgs = [ChatMessage(r, c) for r, c in json.loads(messages)]
-        if not any_engine and pool.key(idx, msgs, role) != key:
-            continue  # made with other settings or another engine
-        out.append((idx, role, msgs, SamplingParams(**json.loads(sampling)), text))
-        if len(out) == n:
-            break
-    return out
-
-
-def replay(pool_settings: PoolSettings, requests) -> tuple[list[str], float, int]:
-    """Every request through a fresh pool (no store): replies, wall seconds, completion tokens."""
-    from trinity.pool.llama_server import LLAMA_SERVERS
-
-    LLAMA_SERVERS.stop_all()  # fresh servers: empty slots and prompt caches
-    pool = build_pool(pool_settings, None)
-
-    async def main():
-        return await asyncio.gather(*(pool.members[i].chat(m, s) for i, _, m, s, _ in requests))
-
-    t0 = time.perf_counter()
-    replies = asyncio.run(main())
-    wall = time.perf_counter() - t0
-    LLAMA_SERVERS.stop_all()
-    failed = [r.error for r in replies if not r.ok]
-    if failed:
-        print(f"[bench] {len(failed)} failed replies, e.g. {failed[0]}", file=sys.stderr)
-    return [r.text for r in replies], wall, sum(r.completion_tokens for r in replies)
 
 
 def main() -> int:
@@ -110,10 +63,11 @@ def main() -> int:
     names = [m.name for m in settings.pool.members]
     print(f"[bench] {len(requests)} stored requests ({dict(Counter(names[r[0]] for r in requests))}); "
           f"replaying twice with {engine} at concurrency {settings.pool.max_concurrency}", file=sys.stderr)
-    a, wall_a, tok_a = replay(pool_settings, requests)
-    print(f"[bench] replay A: {wall_a:.0f}s", file=sys.stderr)
-    b, wall_b, tok_b = replay(pool_settings, requests)
-    print(f"[bench] replay B: {wall_b:.0f}s", file=sys.stderr)
+    ra = replay(pool_settings, requests)
+    print(f"[bench] replay A: {ra.wall_s:.0f}s", file=sys.stderr)
+    rb = replay(pool_settings, requests)
+    print(f"[bench] replay B: {rb.wall_s:.0f}s", file=sys.stderr)
+    a, b = ra.texts, rb.texts
 
     stored = [r[4] for r in requests]
     same_ab = [x == y for x, y in zip(a, b)]
@@ -128,7 +82,9 @@ def main() -> int:
         "identical_run_b": sum(s == x for s, x in zip(stored, b)), "per_member": per_member,
         "by_role_identical_a_b": {role: f"{sum(same_ab[j] for j, r in enumerate(requests) if r[1] == role)}/"
                                         f"{sum(1 for r in requests if r[1] == role)}" for role in ROLES},
-        "wall_s": [round(wall_a, 1), round(wall_b, 1)], "completion_tokens": [tok_a, tok_b],
+        "wall_s": [round(ra.wall_s, 1), round(rb.wall_s, 1)],
+        "completion_tokens": [ra.completion_tokens, rb.completion_tokens],
+        "failed": [len(ra.failed), len(rb.failed)],
         "store": str(args.store), "commit": _commit(), "cpu": _cpu_kind(),
     }
     print(json.dumps({"name": "engine_determinism", "figure": round(sum(same_ab) / len(requests), 3),

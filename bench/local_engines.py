@@ -2,7 +2,7 @@
 
 A generation keeps calls to every member in flight at once, so the local models decode at the same time. This
 replays the first --requests stored requests of a run (every member, in the order they were made;
-`engine_determinism.stored_requests`) through the pool's own members at the pool's concurrency
+`stored_replay.stored_requests`) through the pool's own members at the pool's concurrency
 (`pool.max_concurrency` in flight), once per setting of --settings:
 
 - "auto": llama-server, each server with the pool's thread budget (`trinity.pool.llama_server.with_thread_budget`:
@@ -23,10 +23,8 @@ Last line: one JSON object (DESIGN.md's bench format).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -34,38 +32,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from engine_determinism import stored_requests  # noqa: E402
 from learnability import _commit, _cpu_kind  # noqa: E402
+from stored_replay import replay, stored_requests  # noqa: E402
 
 from trinity.config import load_settings  # noqa: E402
 from trinity.pool.runtime import build_pool  # noqa: E402
-from trinity.records import ChatMessage, SamplingParams  # noqa: E402
 
 
-def replay(pool_settings, requests) -> dict:
-    from trinity.pool.llama_server import LLAMA_SERVERS
-
-    LLAMA_SERVERS.stop_all()
-    pool = build_pool(pool_settings, None)
-    used = sorted({r[0] for r in requests})
-
-    async def warm():
-        await asyncio.gather(*(pool.members[i].chat([ChatMessage("user", "Hi")],
-                                                     SamplingParams(temperature=0.0, max_tokens=2)) for i in used))
-
-    async def main():
-        return await asyncio.gather(*(pool.members[i].chat(m, s) for i, _, m, s, _ in requests))
-
-    asyncio.run(warm())
-    threads = sorted({s.spec.threads for s in LLAMA_SERVERS.running()}) or sorted(
-        {getattr(m, "n_threads", None) for m in pool.members})
-    t0 = time.perf_counter()
-    replies = asyncio.run(main())
-    wall = time.perf_counter() - t0
-    LLAMA_SERVERS.stop_all()
-    tokens = sum(r.completion_tokens for r in replies)
-    return {"threads_per_server": threads, "wall_s": round(wall, 1), "completion_tokens": tokens,
-            "completion_tok_per_s": round(tokens / wall, 2), "failed": sum(not r.ok for r in replies)}
+def throughput(r) -> dict:
+    return {"threads_per_server": r.threads, "wall_s": round(r.wall_s, 1), "completion_tokens": r.completion_tokens,
+            "completion_tok_per_s": round(r.completion_tokens / r.wall_s, 2), "failed": len(r.failed)}
 
 
 def main() -> int:
@@ -93,7 +69,7 @@ def main() -> int:
         pool_settings = settings.pool.model_copy(update={"members": [
             m.model_copy(update={"n_threads": n, "engine": engine}) if m.backend == "local" else m
             for m in settings.pool.members]})
-        results[setting] = replay(pool_settings, requests)
+        results[setting] = throughput(replay(pool_settings, requests, warm_up=True))
         print(f"[bench] threads {setting}: {json.dumps(results[setting])}", file=sys.stderr, flush=True)
     first, last = list(results)[0], list(results)[-1]
     print(json.dumps({
