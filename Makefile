@@ -118,7 +118,8 @@ check-graders: setup-sandbox
 # training_cost.py plays sep-CMA-ES generations at the paper's shape on the embedded pool (about an hour each from
 # an empty store on 2 cores): run it on its own (docs/results.md, "Does training learn?").
 bench: setup
-	@for b in bench/*.py; do [ "$$b" = bench/training_cost.py ] && continue; echo "== $$b"; $(PY) $$b | tail -1; done
+	@for b in bench/*.py; do [ "$$b" = bench/training_cost.py ] && continue; \
+	  grep -q '__name__ == "__main__"' $$b || continue; echo "== $$b"; $(PY) $$b | tail -1; done
 
 clean-venv:
 	rm -rf $(VENV)
