@@ -564,3 +564,48 @@ def test_observers_see_every_reply_after_one_store_lookup_per_request():
 
     home, out = asyncio.run(serve())
     assert echo.loops[-1] is home and out == [False]
+
+
+def test_tally_counts_each_callers_own_calls_and_a_call_shared_in_flight_once():
+    """`Pool.tally`: callers running at the same time each see the calls they paid and the lookups they were
+    spared; a request two of them have in flight together is one call, paid by whoever asked first, a hit for
+    the other; the tallies add up to the pool's own stats."""
+    from trinity.pool.runtime import Pool, Request
+
+    class Slow:
+        name, model_id = "slow", "slow@1"
+
+        def __init__(self):
+            self.calls = 0
+
+        async def chat(self, messages, sampling):
+            self.calls += 1
+            await asyncio.sleep(0.05)
+            return ChatResponse(text=messages[-1].content, ok=messages[-1].content != "bad", completion_tokens=3)
+
+    slow = Slow()
+    pool = Pool([slow], [PoolMember(name="slow", backend="local", model="x")], None)
+
+    def req(q):
+        return Request(0, "worker", pool.key(0, ask(q), "worker"), ask(q))
+
+    async def caller(qs, delay):
+        await asyncio.sleep(delay)
+        with pool.tally() as mine:
+            await pool.complete_many([req(q) for q in qs])
+            with pool.tally() as inner:  # nested: counted in both
+                await pool.complete(0, ask("inner-" + qs[-1]), "worker")
+        return mine, inner
+
+    async def main():
+        return await asyncio.gather(caller(["shared", "a", "a", "bad"], 0.0), caller(["shared", "b"], 0.01))
+
+    (first, first_inner), (second, second_inner) = asyncio.run(main())
+    assert slow.calls == 6 == pool.stats.calls_made
+    assert (first.calls_made, first.store_hits, first.failures) == (4, 1, 1)  # shared, a, bad, inner; "a" twice
+    assert (second.calls_made, second.store_hits) == (2, 1)  # b, inner; "shared" was in flight: a hit
+    assert first_inner.calls_made == second_inner.calls_made == 1 and first_inner.store_hits == 0
+    assert first.calls_made + second.calls_made == pool.stats.calls_made
+    assert first.store_hits + second.store_hits == pool.stats.store_hits
+    assert first.completion_tokens + second.completion_tokens == pool.stats.completion_tokens == 18
+    assert first.calls_by_model == {"slow": 4}

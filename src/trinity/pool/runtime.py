@@ -50,6 +50,16 @@ class PoolStats:
     completion_tokens: int = 0
     calls_by_model: Counter = field(default_factory=Counter)
 
+    def count_call(self, member: str, resp: ChatResponse) -> None:
+        """One real call to `member` and its reply."""
+        self.calls_made += 1
+        self.calls_by_model[member] += 1
+        self.failures += 0 if resp.ok else 1
+        self.transient_failures += 1 if resp.failure == "transient" else 0
+        self.cost_usd += resp.cost_usd
+        self.prompt_tokens += resp.prompt_tokens
+        self.completion_tokens += resp.completion_tokens
+
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["calls_by_model"] = dict(self.calls_by_model)
@@ -172,9 +182,23 @@ class Pool:
         `complete_many` returns is also reported to `on_reply` (the request, the reply, whether the store held
         it), in request order, before `complete_many` returns: serving's per-episode trace and streaming."""
         caller = self._caller.get()
-        token = self._caller.set(_Caller(caller.observers + (on_reply,), caller.loop))
+        token = self._caller.set(_Caller(caller.observers + (on_reply,), caller.loop, caller.tallies))
         try:
             yield
+        finally:
+            self._caller.reset(token)
+
+    @contextlib.contextmanager
+    def tally(self) -> Iterator[PoolStats]:
+        """Within the block, in this context (this task and the tasks it starts): the calls it pays and the
+        lookups it is spared are also counted in the `PoolStats` yielded, as in `stats` — a call shared by
+        requests in flight together counts for the caller that started it, a hit for each request it served.
+        Evaluation runs its methods at the same time and accounts each one's calls this way."""
+        caller = self._caller.get()
+        mine = PoolStats()
+        token = self._caller.set(_Caller(caller.observers, caller.loop, caller.tallies + (mine,)))
+        try:
+            yield mine
         finally:
             self._caller.reset(token)
 
@@ -184,7 +208,7 @@ class Pool:
         that owns the pool (its HTTP clients, in-flight calls and store writes). Serving plays each episode on a
         thread and loop of its own (an encode must not hold the server's loop)."""
         caller = self._caller.get()
-        token = self._caller.set(_Caller(caller.observers, loop))
+        token = self._caller.set(_Caller(caller.observers, loop, caller.tallies))
         try:
             yield
         finally:
@@ -197,16 +221,17 @@ class Pool:
         caller = self._caller.get()
         if caller.loop is not None and caller.loop is not asyncio.get_running_loop():
             out, stored = await asyncio.wrap_future(
-                asyncio.run_coroutine_threadsafe(self._complete_many(requests), caller.loop))
+                asyncio.run_coroutine_threadsafe(self._complete_many(requests, caller.tallies), caller.loop))
         else:
-            out, stored = await self._complete_many(requests)
+            out, stored = await self._complete_many(requests, caller.tallies)
         for on_reply in caller.observers:
             for r, resp, s in zip(requests, out, stored):
                 on_reply(Request(*r), resp, s)
         return out
 
-    async def _complete_many(self, requests: Sequence[Request | tuple]) -> tuple[list[ChatResponse], list[bool]]:
-        """complete_many's work: (responses, whether each came from the store)."""
+    async def _complete_many(self, requests: Sequence[Request | tuple],
+                             tallies: tuple[PoolStats, ...] = ()) -> tuple[list[ChatResponse], list[bool]]:
+        """complete_many's work: (responses, whether each came from the store), counted in `stats` and `tallies`."""
         store = self.store
         out: list[ChatResponse | None] = [None] * len(requests)
         stored = [False] * len(requests)
@@ -232,14 +257,17 @@ class Pool:
                 waits.append((i, fut))
                 continue
             fresh[key] = [i]
-        self.stats.store_hits += hits
+        for stats in (self.stats, *tallies):
+            stats.store_hits += hits
         if fresh:
-            await self._expand([Request(*requests[ix[0]]) for ix in fresh.values()], list(fresh.values()), out)
+            await self._expand([Request(*requests[ix[0]]) for ix in fresh.values()], list(fresh.values()), out,
+                               tallies)
         for i, fut in waits:
             out[i] = await asyncio.shield(fut)
         return out, stored  # type: ignore[return-value]
 
-    async def _expand(self, todo: list[Request], positions: list[list[int]], out: list) -> None:
+    async def _expand(self, todo: list[Request], positions: list[list[int]], out: list,
+                      tallies: tuple[PoolStats, ...] = ()) -> None:
         loop = asyncio.get_running_loop()
         progress = _BatchProgress(len(todo), self.stats)
         futs = []
@@ -249,7 +277,7 @@ class Pool:
             futs.append(fut)
         try:
             async for j, resp in self._executor.expand(self, todo):
-                resp = self._record(todo[j], resp)
+                resp = self._record(todo[j], resp, tallies)
                 progress.done_one()
                 futs[j].set_result(resp)
                 for i in positions[j]:
@@ -267,19 +295,15 @@ class Pool:
             for r in todo:
                 self._inflight.pop(r.key, None)
 
-    def _record(self, r: Request, resp: ChatResponse) -> ChatResponse:
-        """Price, count and store one real call (in this process: the store's only writer)."""
+    def _record(self, r: Request, resp: ChatResponse, tallies: tuple[PoolStats, ...] = ()) -> ChatResponse:
+        """Price, count (in `stats` and `tallies`) and store one real call (in this process: the store's only
+        writer)."""
         member, s = self.members[r.idx], self.settings[r.idx]
         if resp.cost_usd == 0.0 and (s.price_input_per_mtok or s.price_output_per_mtok):
             resp = ChatResponse(**{**resp.__dict__, "cost_usd": (
                 resp.prompt_tokens * s.price_input_per_mtok + resp.completion_tokens * s.price_output_per_mtok) / 1e6})
-        self.stats.calls_made += 1
-        self.stats.calls_by_model[member.name] += 1
-        self.stats.failures += 0 if resp.ok else 1
-        self.stats.transient_failures += 1 if resp.failure == "transient" else 0
-        self.stats.cost_usd += resp.cost_usd
-        self.stats.prompt_tokens += resp.prompt_tokens
-        self.stats.completion_tokens += resp.completion_tokens
+        for stats in (self.stats, *tallies):
+            stats.count_call(member.name, resp)
         if self.store is not None:
             self.store.put_response(r.key, member.model_id, r.role, r.messages, self.sampling(r.idx, r.role), resp)
         return resp
@@ -287,10 +311,12 @@ class Pool:
 
 @dataclass(frozen=True)
 class _Caller:
-    """What `Pool.observe` and `Pool.run_on` set for a context: its reply observers, the loop its requests run on."""
+    """What `Pool.observe`, `Pool.run_on` and `Pool.tally` set for a context: its reply observers, the loop its
+    requests run on, the stats its calls are also counted in."""
 
     observers: tuple[OnReply, ...] = ()
     loop: asyncio.AbstractEventLoop | None = None
+    tallies: tuple[PoolStats, ...] = ()
 
 
 PROGRESS_EVERY_S = 20.0
