@@ -71,7 +71,8 @@ class PoolMember(_Section):
     "in-process": llama-cpp-python in this process, one call at a time per model, bit-for-bit reproducible between
     fresh runs (docs/benchmarks.md, "Local engine"). Unset here: `pool.local_engine`."""
     n_threads: int | None = None
-    """Local members: CPU threads. Unset: in process 2 per model; llama-server every core this process may use."""
+    """Local members: CPU threads. Unset: in process 2 per model; llama-server the cores this process may use, split
+    between the models the pool serves (`trinity.pool.llama_server.with_thread_budget`: 1 each on 2 cores)."""
     n_ctx: int = 4096
     """Local members: context window (tokens) of one call (per slot, for llama-server)."""
     prompt_style: Literal["chat", "completion"] = "chat"
