@@ -38,16 +38,15 @@ DEFAULT_STORE = Path.home() / ".cache" / "trinity" / "bench" / "member_accuracy.
 
 def measurement_items(settings, sources: list[str], per_source: int):
     """`per_source` training-side items of each source, never an item of the pipeline's evaluation sets."""
-    from trinity.data.splits import build_all_splits
+    from trinity.data.splits import splits_from_settings
 
     d = settings.data
-    pipeline = build_all_splits(d.resolved_root(), d.train, d.in_distribution, d.heldout, d.seed, d.math500_max_level)
+    pipeline = splits_from_settings(d)
     evaluated = {t.id for t in [*pipeline.in_distribution, *pipeline.heldout]}
     out = []
     for src in sources:
         extra = sum(1 for t in pipeline.in_distribution if t.source == src)
-        drawn = build_all_splits(d.resolved_root(), {src: per_source + extra}, {}, {}, d.seed,
-                                 d.math500_max_level).train
+        drawn = splits_from_settings(d, train={src: per_source + extra}, in_distribution={}, heldout={}).train
         out += [t for t in drawn if t.id not in evaluated][:per_source]
     return out
 

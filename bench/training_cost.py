@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 
     from trinity.config import load_settings
     from trinity.coordinator.episode import StateCache
-    from trinity.data.splits import build_all_splits
+    from trinity.data.splits import splits_from_settings
     from trinity.evolve.sep_cma import evolve, saved_fitness_episodes
     from trinity.grading import grade, preflight
     from trinity.pool.runtime import build_pool
@@ -95,8 +95,7 @@ def main(argv=None) -> int:
     from trinity.config import Settings
     settings = Settings.model_validate(dump)
     d = settings.data
-    splits = build_all_splits(d.resolved_root(), {k: a.per_source for k in d.train}, d.in_distribution, d.heldout,
-                              d.seed, d.math500_max_level)
+    splits = splits_from_settings(d, train={k: a.per_source for k in d.train})
     train = splits.train
     preflight(train)
     encoder = make_encoder(settings)

@@ -3,7 +3,7 @@
 (what a backend without grammars or structured outputs gives).
 
 Items: the committed training set (params.yaml data.train): data/prepared/train.jsonl when the prepare stage has
-run, else built the way the prepare stage builds it (`trinity.data.splits.build_all_splits` with params.yaml's data
+run, else built the way the prepare stage builds it (`trinity.data.splits.splits_from_settings` with params.yaml's data
 settings). Each item gets one fixed proposed answer: one Worker reply (`--worker`, default qwen-coder-1.5b). Every
 pool member of params.yaml is then asked as Verifier (cap coordinator.verifier_max_tokens) on every item, twice:
 (a) constrained: the Verifier request exactly as an episode sends it (SamplingParams.output_format "verdict");
@@ -42,15 +42,13 @@ VARIANTS = {"constrained": "verifier", "free_text": FREE_TEXT_ROLE}
 
 def training_items(settings) -> tuple[list, str]:
     """The committed training set: the prepared file if present, else built as the prepare stage builds it."""
-    from trinity.data.splits import build_all_splits, load_tasks
+    from trinity.data.splits import load_tasks, splits_from_settings
 
     prepared = ROOT / "data" / "prepared" / "train.jsonl"
     if prepared.exists():
         return load_tasks(prepared), str(prepared.relative_to(ROOT))
-    d = settings.data
-    splits = build_all_splits(d.resolved_root(), train=d.train, in_distribution=d.in_distribution,
-                              heldout=d.heldout, seed=d.seed, math500_max_level=d.math500_max_level)
-    return list(splits.train), "built with trinity.data.splits.build_all_splits (params.yaml data)"
+    splits = splits_from_settings(settings.data)
+    return list(splits.train), "built with trinity.data.splits.splits_from_settings (params.yaml data)"
 
 
 def measure(settings, items, store, worker: str) -> tuple[list[dict], list[dict], dict]:

@@ -39,11 +39,35 @@ class DataSettings(_Section):
     seed: int = 0
     math500_max_level: int = 5
     """Only MATH-500 problems of at most this difficulty level (1-5) are drawn."""
+    user_benchmarks: dict[str, str] = Field(default_factory=dict)
+    """Your own benchmarks: name → a JSONL file of items (relative to the project root; format in
+    docs/user_benchmarks.md). Each name can then be used under train, in_distribution or heldout like a staged
+    benchmark's. Keep the files under benchmarks/ (a dependency of the prepare stage: DVC re-draws when one changes)."""
+
+    @model_validator(mode="after")
+    def _check_user_benchmarks(self):
+        from trinity.data.loaders import BENCHMARKS
+        from trinity.data.loaders.user import NAME_PATTERN
+
+        for name, path in self.user_benchmarks.items():
+            if not NAME_PATTERN.fullmatch(name):
+                raise ValueError(f"data.user_benchmarks.{name}: a name is lower-case letters, digits and underscores, "
+                                 "starting with a letter")
+            if name in BENCHMARKS:
+                raise ValueError(f"data.user_benchmarks.{name}: {name!r} is a staged benchmark's name; pick another")
+            if not path.strip():
+                raise ValueError(f"data.user_benchmarks.{name}: empty path")
+        return self
 
     def resolved_root(self) -> Path:
         env = os.environ.get("TRINITY_DATA_DIR")
         p = Path(env) if env else Path(self.root)
         return p if p.is_absolute() else (PROJECT_ROOT / p).resolve()
+
+    def resolved_user_benchmarks(self) -> dict[str, Path]:
+        """user_benchmarks with each path resolved against the project root."""
+        return {name: p if (p := Path(path)).is_absolute() else (PROJECT_ROOT / p).resolve()
+                for name, path in self.user_benchmarks.items()}
 
 
 class PoolMember(_Section):

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from trinity.data.loaders import BENCHMARKS, DataError, PathLike
 from trinity.data.loaders.reading import stable_int
+from trinity.data.loaders.user import load_user_benchmark
 from trinity.files import atomic_open
 from trinity.records import Task
 
@@ -50,10 +51,16 @@ def sample_tasks(tasks: Sequence[Task], n: int, seed: int | Sequence[int]) -> li
     return [ordered[i] for i in perm[:n]]
 
 
-def _parse_key(key: str, role: str) -> tuple[str, dict[str, Any]]:
+def _parse_key(key: str, role: str, user: Mapping[str, Any] = {}) -> tuple[str, dict[str, Any]]:
     name, _, variant = key.partition(":")
+    if name in user:
+        if variant:
+            raise ValueError(f"data.{role}: {name!r} is your own benchmark (data.user_benchmarks): it has no "
+                             f"split/subset variants (got {key!r})")
+        return name, {}
     if name not in BENCHMARKS:
-        raise ValueError(f"data.{role}: unknown benchmark {name!r} (known: {sorted(BENCHMARKS)})")
+        raise ValueError(f"data.{role}: unknown benchmark {name!r} (staged: {sorted(BENCHMARKS)}; yours, "
+                         f"data.user_benchmarks: {sorted(user)})")
     variant = variant or _ROLE_DEFAULTS[role].get(name, "")
     if not variant:
         return name, {}
@@ -89,6 +96,7 @@ def build_all_splits(
     heldout: dict[str, int],
     seed: int,
     math500_max_level: int = 5,
+    user_benchmarks: Mapping[str, PathLike] | None = None,
 ) -> Splits:
     """Load each named benchmark from `root` and draw the requested number of tasks from each (-1 = all).
 
@@ -97,7 +105,11 @@ def build_all_splits(
     (`seed`, key), so adding a source does not reshuffle the others. In-distribution items are drawn from what
     training left of the same benchmark (never a training item, by id or prompt text); a held-out benchmark
     may not be named there. MATH-500 is limited to problems of level ≤ `math500_max_level`; GPQA's option
-    shuffle uses `seed` too. Raises ContaminationError if the result mixes training and evaluation data."""
+    shuffle uses `seed` too. `user_benchmarks`: your own benchmarks, name → JSONL file (`loaders.user`), named in
+    the specs like staged ones; one named under `heldout` is held out as a whole, like the mission's held-out
+    benchmarks: never trained on, never drawn in-distribution. Raises ContaminationError if the result
+    mixes training and evaluation data."""
+    user = dict(user_benchmarks or {})
     if not 1 <= math500_max_level <= 5:
         raise ValueError(f"math500_max_level must be 1-5, got {math500_max_level}")
     cache: dict[tuple, list[Task]] = {}
@@ -107,9 +119,9 @@ def build_all_splits(
         excluded_ids = {t.id for t in exclude}
         excluded_texts = {x for t in exclude for x in _texts(t)}
         for key, n in spec.items():
-            name, kw = _parse_key(key, role)
-            if role == "in_distribution" and name in HELDOUT_SOURCES:
-                raise ValueError(f"data.in_distribution.{key}: {name} is a held-out benchmark (never trained on); "
+            name, kw = _parse_key(key, role, user)
+            if role == "in_distribution" and (name in HELDOUT_SOURCES or name in heldout_names):
+                raise ValueError(f"data.{role}.{key}: {name} is a held-out benchmark (never trained on); "
                                  "list it under data.heldout")
             if name == "math500":
                 kw["max_level"] = math500_max_level
@@ -117,9 +129,13 @@ def build_all_splits(
                 kw["seed"] = seed
             ck = (name, tuple(sorted(kw.items())))
             if ck not in cache:
-                cache[ck] = BENCHMARKS[name](root, **kw)
+                cache[ck] = load_user_benchmark(user[name], name) if name in user else BENCHMARKS[name](root, **kw)
             pool = [t for t in cache[ck] if t.id not in excluded_ids and not (_texts(t) & excluded_texts)]
             draw_seed = stable_int(f"{key}:{seed}" if role != "in_distribution" else f"{key}:{seed}:in_distribution")
+            if role == "train" and any(t.grader == "judge" for t in pool):
+                raise ValueError(f"data.train.{key}: {name} is judged (open questions, scored 1-10 by the MT-Bench "
+                                 "judge); the training reward needs items graded right or wrong: list it under "
+                                 "data.heldout")
             try:
                 out += sample_tasks(pool, n, draw_seed)
             except ValueError as e:
@@ -127,11 +143,22 @@ def build_all_splits(
                 raise ValueError(f"data.{role}.{key}: {e}{left}") from None
         return out
 
+    # your own benchmark named under heldout is held out as a whole (it has no train/test variants, unlike GSM8K's)
+    heldout_names = {name for key in heldout if (name := _parse_key(key, "heldout", user)[0]) in user}
     train_tasks = draw(train, "train")
     in_dist_tasks = draw(in_distribution, "in_distribution", exclude=train_tasks)
     heldout_tasks = draw(heldout, "heldout")
-    assert_no_contamination(train_tasks, [*in_dist_tasks, *heldout_tasks])
+    assert_no_contamination(train_tasks, [*in_dist_tasks, *heldout_tasks], HELDOUT_SOURCES | heldout_names)
     return Splits(train_tasks, in_dist_tasks, heldout_tasks)
+
+
+def splits_from_settings(data, **override) -> Splits:
+    """`build_all_splits` with params.yaml's `data` section (a `config.DataSettings`): its benchmark root, specs,
+    seed, MATH-500 level cap and your own benchmarks; any argument can be overridden by keyword."""
+    kw = dict(root=data.resolved_root(), train=data.train, in_distribution=data.in_distribution,
+              heldout=data.heldout, seed=data.seed, math500_max_level=data.math500_max_level,
+              user_benchmarks=data.resolved_user_benchmarks())
+    return build_all_splits(**(kw | override))
 
 
 def _normalise(text: str) -> str:

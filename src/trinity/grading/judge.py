@@ -109,10 +109,11 @@ class MTBenchJudge:
                 "calls_new": self.pool.stats.calls_made, "store_hits": self.pool.stats.store_hits}
 
     def messages(self, task: Task, answers: Sequence[str], turn: int) -> tuple[str, list[ChatMessage]]:
-        """The judge prompt for `turn` (1 or 2) of an MT-Bench task answered with `answers`."""
-        if task.grader != "judge" or len(task.prompt) != 2:
-            raise JudgeError(f"{task.id}: not an MT-Bench two-turn task")
-        if turn not in (1, 2) or len(answers) < turn:
+        """The judge prompt for `turn` (1 or 2) of a judged task (MT-Bench's two turns, or a user benchmark's open
+        question of one or two turns) answered with `answers`."""
+        if task.grader != "judge" or len(task.prompt) not in (1, 2):
+            raise JudgeError(f"{task.id}: not a judged task of one or two turns")
+        if turn not in range(1, len(task.prompt) + 1) or len(answers) < turn:
             raise JudgeError(f"{task.id}: turn {turn} needs {turn} answer(s), got {len(answers)}")
         needs_ref = task.metadata.get("category") in NEED_REF_CATEGORIES
         ref = task.metadata.get("reference") or []
@@ -121,7 +122,7 @@ class MTBenchJudge:
         name = ("single-math-v1" if needs_ref else "single-v1") + ("-multi-turn" if turn == 2 else "")
         p = self.prompts[name]
         fields = {"question": task.prompt[0], "answer": answers[0], "question_1": task.prompt[0],
-                  "question_2": task.prompt[1], "answer_1": answers[0], "answer_2": answers[1] if turn == 2 else ""}
+                  "question_2": task.prompt[1] if turn == 2 else "", "answer_1": answers[0], "answer_2": answers[1] if turn == 2 else ""}
         if needs_ref:
             fields |= {"ref_answer_1": ref[0], "ref_answer_2": ref[1] if len(ref) > 1 else ""}
         return name, [ChatMessage("system", p.system_prompt), ChatMessage("user", p.prompt_template.format(**fields))]
