@@ -193,6 +193,38 @@ def test_the_table_oracle_and_paired_intervals(tmp_path):
     assert vs_best["outcome"] == compare(paired_bootstrap(list(trinity.values()), [1.0] * 4, n_resamples=500))
 
 
+def test_held_out_items_split_into_the_missions_benchmarks_and_the_others_each_with_its_average(tmp_path):
+    """GSM8K, HumanEval or your own held-out benchmark is its own block beside the mission's four (AIME,
+    BigCodeBench-Hard, MT-Bench, GPQA): an average, a pooled comparison and a block in the report tables each."""
+    from trinity.evaluation.report import tables
+    from trinity.evaluation.results import EvalResults
+    from trinity.evaluation.run import evaluation_splits
+
+    gsm = [Task(id=f"gsm8k/{i}", source="gsm8k", prompt=(f"What is {i}+1?",), grader="math", answer=str(i + 1))
+           for i in range(3)]
+    tasks = evaluation_splits(MATH[:2], [MT, *gsm])
+    assert {k: [t.source for t in ts] for k, ts in tasks.items()} == {
+        "in_distribution": ["math500"] * 2, "heldout": ["mt_bench"], "heldout_other": ["gsm8k"] * 3}
+    assert list(evaluation_splits(MATH[:2], gsm)) == ["in_distribution", "heldout_other"]
+    with Store(tmp_path / "s.duckdb") as store:
+        run, *_ = _run(store, ScriptedJudge(), tasks)
+    t = summarise(run, resamples=200, seed=0)
+    assert [(b["name"], b["split"]) for b in t["benchmarks"]] == [
+        ("math500", "in_distribution"), ("mt_bench", "heldout"), ("gsm8k", "heldout_other")]
+    good = t["averages"]["alone:good"]
+    assert set(good) == {"in_distribution", "heldout", "heldout_other"} and good["heldout_other"] == 1.0
+    assert t["averages"]["alone:bad"]["heldout_other"] == 0.0
+    other = t["pooled_paired"]["heldout_other"]
+    assert other["benchmarks"] == ["gsm8k"] and other["items"] == 3 and other["best_single"] == "alone:good"
+    assert t["pooled_paired"]["heldout"]["benchmarks"] == ["mt_bench"]
+    results = EvalResults.from_dict(t)
+    assert [b.name for b in results.in_split(None)] == ["math500", "mt_bench", "gsm8k"]
+    header = next(line for line in tables.main_table(results) if line.startswith("| method"))
+    assert header.endswith("| gsm8k (n=3) | avg (held-out, other) |")
+    assert any("held-out, other benchmarks" in line for line in tables.pooled_table(results))
+    assert results.dvc_metrics()["alone:good"]["avg_heldout_other"] == 1.0
+
+
 def test_bootstrap_intervals():
     assert bootstrap_mean([1, 1, 1]).as_dict() | {} == {"estimate": 1.0, "ci95": [1.0, 1.0], "n": 3,
                                                        "small_sample": True}

@@ -25,10 +25,12 @@ import numpy as np
 
 from trinity.files import write_json
 
-IN_DISTRIBUTION, HELDOUT = "in_distribution", "heldout"
-SPLIT_KEYS = (IN_DISTRIBUTION, HELDOUT)
-"""The two splits the averages and pooled comparisons are keyed by. A benchmark whose split is not
-`in_distribution` counts as held-out: the coordinator never trained on it."""
+IN_DISTRIBUTION, HELDOUT, HELDOUT_OTHER = "in_distribution", "heldout", "heldout_other"
+SPLIT_KEYS = (IN_DISTRIBUTION, HELDOUT, HELDOUT_OTHER)
+"""The splits the averages and pooled comparisons are keyed by: the training benchmarks' items training left; the
+mission's held-out benchmarks (AIME, BigCodeBench(-Hard), MT-Bench, GPQA: `trinity.data.splits.HELDOUT_SOURCES`);
+every other benchmark never trained on (GSM8K, HumanEval, your own held-out benchmarks). A benchmark whose split is
+none of these counts as `heldout`: the coordinator never trained on it."""
 
 ORACLE_KIND = "oracle"
 AVERAGE_METRIC_PREFIX = "avg_"
@@ -148,8 +150,8 @@ class Benchmark:
 
     @property
     def split_key(self) -> str:
-        """`in_distribution`, or `heldout` for any other split."""
-        return IN_DISTRIBUTION if self.split == IN_DISTRIBUTION else HELDOUT
+        """The benchmark's split among SPLIT_KEYS (`heldout` for a split of another name)."""
+        return self.split if self.split in SPLIT_KEYS else HELDOUT
 
     @property
     def judged(self) -> bool:
@@ -496,10 +498,10 @@ class EvalResults:
         return next((b for b in self.benchmarks if b.name == name), None)
 
     def in_split(self, split: str | None) -> list[Benchmark]:
-        """The benchmarks of a split key (`in_distribution`, `heldout`) in file order; None: every benchmark,
-        in-distribution first, then held-out."""
+        """The benchmarks of a split key (SPLIT_KEYS) in file order; None: every benchmark, split by split in the
+        order of SPLIT_KEYS."""
         if split is None:
-            return self.in_split(IN_DISTRIBUTION) + self.in_split(HELDOUT)
+            return [b for key in SPLIT_KEYS for b in self.in_split(key)]
         return [b for b in self.benchmarks if b.split_key == split]
 
     def cell(self, method: str, benchmark: str) -> Cell | None:
@@ -552,5 +554,5 @@ def metrics_average(row: Mapping[str, Any], split: str) -> float | None:
 
 
 __all__ = ["AVERAGE_METRIC_PREFIX", "Benchmark", "Bootstrap", "COMPUTE_FIELDS", "COUNT_FIELDS", "Cell", "Checkpoint",
-           "Comparison", "EvalResults", "HELDOUT", "IN_DISTRIBUTION", "Judge", "Method", "NeverTrainedOn",
+           "Comparison", "EvalResults", "HELDOUT", "HELDOUT_OTHER", "IN_DISTRIBUTION", "Judge", "Method", "NeverTrainedOn",
            "PoolMember", "PooledSplit", "ResultsFormatError", "SPLIT_KEYS", "metrics_average", "metrics_benchmarks"]

@@ -32,12 +32,23 @@ from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episo
 from trinity.coordinator.policy import param_split
 from trinity.coordinator.roles import Role, Turn, latest_answer, role_messages, turn_of
 from trinity.records import Task
+from trinity.data.splits import HELDOUT_SOURCES
+from trinity.evaluation.results import HELDOUT, HELDOUT_OTHER, IN_DISTRIBUTION, SPLIT_KEYS
 from trinity.evaluation.stats import bootstrap_mean, compare, paired_bootstrap
 
 COORDINATOR = "trinity"
 RANDOM_ROUTING = "random-routing"
 ORACLE = "oracle:best-single"
-IN_DISTRIBUTION, HELDOUT = "in_distribution", "heldout"
+
+
+def evaluation_splits(in_distribution: Sequence[Task], heldout: Sequence[Task]) -> dict[str, list[Task]]:
+    """The evaluation's items by split (SPLIT_KEYS): the in-distribution items; the held-out items of the mission's
+    held-out benchmarks (`HELDOUT_SOURCES`: out of reach for a small pool, and what the paper reports); those of every
+    other benchmark never trained on. Each split gets its own average and pooled comparison."""
+    mission = [t for t in heldout if t.source in HELDOUT_SOURCES]
+    other = [t for t in heldout if t.source not in HELDOUT_SOURCES]
+    return {split: list(ts) for split, ts in ((IN_DISTRIBUTION, in_distribution), (HELDOUT, mission),
+                                             (HELDOUT_OTHER, other)) if ts}
 
 
 def metric_of(task: Task) -> tuple[str, float]:
@@ -365,14 +376,14 @@ def summarise(run: EvalRun, *, resamples: int, seed: int) -> dict:
     averages = {}
     for m, per in terms.items():
         averages[m] = {}
-        for split in (IN_DISTRIBUTION, HELDOUT):
+        for split in (k for k in SPLIT_KEYS if any(b["split"] == k for b in benches.values())):
             vals = [per[b] for b in benches if benches[b]["split"] == split]
             # an average over fewer benchmarks than the split has would not be comparable across rows
             averages[m][split] = float(np.mean(vals)) if vals and None not in vals else None
-    order = {IN_DISTRIBUTION: 0, HELDOUT: 1}
-    bench_list = sorted(benches.values(), key=lambda b: order.get(b["split"], 2))
+    order = {split: i for i, split in enumerate(SPLIT_KEYS)}
+    bench_list = sorted(benches.values(), key=lambda b: order.get(b["split"], len(order)))
     pooled = {split: _pooled_split(split, bench_list, valid, common, methods, singles, resamples, seed)
-              for split in (IN_DISTRIBUTION, HELDOUT) if any(b["split"] == split for b in bench_list)}
+              for split in SPLIT_KEYS if any(b["split"] == split for b in bench_list)}
     return {"n_items": len({it.task.id for it in run.items}), "benchmarks": bench_list, "methods": method_rows,
             "scores": scores, "averages": averages, "paired": paired, "pooled_paired": pooled,
             "bootstrap": {"resamples": resamples, "seed": seed, "level": 0.95, "small_sample_below": 30}}

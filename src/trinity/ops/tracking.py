@@ -33,7 +33,7 @@ from typing import Any
 
 from trinity.code_version import code_version
 from trinity.config import PROJECT_ROOT, Settings
-from trinity.evaluation.results import HELDOUT, IN_DISTRIBUTION, Cell, EvalResults
+from trinity.evaluation.results import SPLIT_KEYS, Cell, EvalResults
 from trinity.redact import redact, redact_text, register_pool
 
 GROUP_ENV = "TRINITY_WANDB_GROUP"
@@ -375,14 +375,15 @@ def log_eval_results(tracker: StageRun, results: EvalResults, plots_dir: Path | 
         payload[f"{EVAL_TABLE_PREFIX}{bench}"] = tracker.make_table(_BENCHMARK_COLUMNS, rows)
 
     summary_rows = []
+    splits = [k for k in SPLIT_KEYS if results.in_split(k)]
     for m in methods:
         summary_rows.append([m, *[(results.cell(m, b) or Cell()).score for b in benchmarks],
-                             results.average(m, IN_DISTRIBUTION), results.average(m, HELDOUT)])
-        for split in (IN_DISTRIBUTION, HELDOUT):
+                             *(results.average(m, split) for split in splits)])
+        for split in splits:
             if results.average(m, split) is not None:
                 values[f"avg_{split}/{m}"] = results.average(m, split)
     payload[EVAL_SUMMARY_TABLE] = tracker.make_table(
-        ["method", *benchmarks, "avg_in_distribution", "avg_heldout"], summary_rows)
+        ["method", *benchmarks, *(f"avg_{split}" for split in splits)], summary_rows)
 
     paired_rows = []
     for bench, comparisons in results.paired.items():

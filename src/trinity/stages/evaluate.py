@@ -35,7 +35,7 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     from trinity.code_version import code_version
     from trinity.data.splits import HELDOUT_SOURCES
     from trinity.evaluation.results import EvalResults
-    from trinity.evaluation.run import HELDOUT, IN_DISTRIBUTION, evaluate as run_eval, summarise
+    from trinity.evaluation.run import evaluate as run_eval, evaluation_splits, summarise
     from trinity.grading import preflight
     from trinity.grading.judge import MTBenchJudge, judge_pool, load_judge_prompts
     from trinity.pool.errors import check_pool_config
@@ -45,7 +45,7 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     # Everything that can be wrong is checked before the first model call.
     check_pool_config(settings.pool)
     splits = load_tasks(paths)
-    tasks = {IN_DISTRIBUTION: splits.in_distribution, HELDOUT: splits.heldout}
+    tasks = evaluation_splits(splits.in_distribution, splits.heldout)
     trained = policy.Policy.load(paths.checkpoint)
     trained.check(settings)
     preflight([*splits.in_distribution, *splits.heldout])

@@ -6,8 +6,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from trinity.coordinator.roles import ROLES
-from trinity.evaluation.report.format import cell_of, method_label, ordered_benchmarks, ordered_methods, split_label
-from trinity.evaluation.results import HELDOUT, IN_DISTRIBUTION, Benchmark, EvalResults, Method
+from trinity.evaluation.report.format import (SPLITS, cell_of, method_label, ordered_benchmarks, ordered_methods,
+                                              split_label)
+from trinity.evaluation.results import HELDOUT, HELDOUT_OTHER, IN_DISTRIBUTION, Benchmark, EvalResults, Method
 
 ROLE_NAMES = tuple(role.value for role in ROLES)
 """Columns of the usage heatmap, in the order of the head's role logits."""
@@ -135,30 +136,37 @@ def fitness_figure(history: list[dict]) -> Figure:
     return figure
 
 
+_SPLIT_MARKERS = {IN_DISTRIBUTION: ("^", False), HELDOUT: ("o", True), HELDOUT_OTHER: ("D", True)}
+"""The score-against-compute marker of each split's average: (matplotlib marker, filled)."""
+
+
 def score_vs_compute_figure(results: EvalResults) -> Figure:
     """Each method at (tokens per task, average normalised score), per split (tokens per task over that split's
-    items): held-out filled circles, in-distribution hollow triangles, one colour per method named in the legend
-    (labels beside the points would overlap)."""
+    items): in-distribution hollow triangles, the mission's held-out filled circles, other held-out benchmarks filled
+    diamonds; one colour per method named in the legend (labels beside the points would overlap)."""
     figure = Figure(figsize=(7.6, 4.4), layout="constrained")
     ax = figure.subplots()
     methods = ordered_methods(results)
     colours = method_colours(methods)
     tokens_of = {(m.id, split): results.mean_per_item(m.id, "tokens_per_task", split)
-                 for m in methods for split in (IN_DISTRIBUTION, HELDOUT)}
-    plotted = [m for m in methods if any(tokens_of[(m.id, split)] is not None
-                                         for split in (IN_DISTRIBUTION, HELDOUT))]
+                 for m in methods for split, _, _ in SPLITS}
+    plotted = [m for m in methods if any(tokens_of[(m.id, split)] is not None for split, _, _ in SPLITS)]
+
+    def marker_style(split: str, colour: str) -> dict:
+        marker, filled = _SPLIT_MARKERS[split]
+        return ({"marker": marker, "color": colour, "edgecolors": "dimgrey"} if filled else
+                {"marker": marker, "facecolors": "none", "edgecolors": colour, "linewidths": 1.5})
+
     for method in plotted:
         name, colour = method.id, colours[method.id]
-        in_distribution, held_out = results.average(name, IN_DISTRIBUTION), results.average(name, HELDOUT)
-        if in_distribution is not None and tokens_of[(name, IN_DISTRIBUTION)] is not None:
-            ax.scatter(tokens_of[(name, IN_DISTRIBUTION)], in_distribution, marker="^", facecolors="none",
-                       edgecolors=colour, s=70, linewidths=1.5)
-        if held_out is not None and tokens_of[(name, HELDOUT)] is not None:
-            ax.scatter(tokens_of[(name, HELDOUT)], held_out, marker="o", color=colour, edgecolors="dimgrey", s=70)
+        for split, _, _ in SPLITS:
+            average = results.average(name, split)
+            if average is not None and tokens_of[(name, split)] is not None:
+                ax.scatter(tokens_of[(name, split)], average, s=70, **marker_style(split, colour))
         ax.scatter([], [], marker="s", color=colour, label=method_label(method))
-    ax.scatter([], [], marker="o", color="grey", edgecolors="dimgrey", label="held-out average")
-    ax.scatter([], [], marker="^", facecolors="none", edgecolors="grey", linewidths=1.5,
-               label="in-distribution average")
+    for split, label, _ in SPLITS:
+        if any(results.average(m.id, split) is not None for m in plotted):
+            ax.scatter([], [], label=f"{label} average", **marker_style(split, "grey"))
     shown = [v for v in tokens_of.values() if v is not None]
     smallest = min(shown, default=0)
     if smallest > 0 and max(shown) > 10 * smallest:
