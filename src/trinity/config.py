@@ -165,6 +165,10 @@ class CoordinatorSettings(_Section):
     fewer, more efficient matrix products but more prefix tokens recomputed per turn; 128 is fastest here (see
     docs/benchmarks.md, "Coordinator cost"). Part of the encoder id."""
     max_turns: int = 3
+    roles: list[Literal["thinker", "worker", "verifier"]] = Field(
+        default_factory=lambda: ["thinker", "worker", "verifier"])
+    """The roles the head may pick (the others get probability 0). All three: the paper's coordinator. The learned
+    router baseline is this coordinator with ["worker"] and max_turns 1 (`trinity.coordinator.router`)."""
     max_encode_tokens: int = 2048
     """Transcripts longer than this keep their last tokens (the head reads the end of the conversation)."""
     policy_eval: Literal["argmax", "sample"] = "argmax"
@@ -178,6 +182,22 @@ class CoordinatorSettings(_Section):
     svf_layer: int | None = None
     """Train SVF scales of this encoder block (negative counts from the end) along with the head: the flat
     parameter vector becomes [δ…, head…]. None = head only (the paper's default)."""
+
+    @model_validator(mode="after")
+    def _check_roles(self):
+        if len(set(self.roles)) != len(self.roles):
+            raise ValueError(f"coordinator.roles: a role is listed twice: {self.roles}")
+        if "worker" not in self.roles:
+            raise ValueError(f"coordinator.roles: {self.roles} has no worker: no turn would ever answer")
+        if self.max_turns < 1:
+            raise ValueError(f"coordinator.max_turns must be >= 1, got {self.max_turns}")
+        return self
+
+    def role_choices(self) -> tuple:
+        """`roles` as `trinity.coordinator.roles.Role`s, in the head's order."""
+        from trinity.coordinator.roles import ROLES
+
+        return tuple(r for r in ROLES if r.value in self.roles)
 
 
 class RewardSettings(_Section):

@@ -274,7 +274,8 @@ def pick(rng: np.random.Generator | None, p_model: np.ndarray, p_role: np.ndarra
 async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray], pool, states: StateCache,
                         max_turns: int, reward: RewardSettings, grade: Callable[[Task, str], float], *,
                         adapters: Sequence[np.ndarray] | None = None, trees: RolloutTrees | None = None,
-                        keep_features: bool = False, stop_on_outage: bool = False) -> None:
+                        keep_features: bool = False, stop_on_outage: bool = False,
+                        roles: Sequence[Role] = ROLES) -> None:
     """Play every episode to the end, in place. `heads[c]` is the (L+3) x d matrix of candidate c.
 
     adapters: SVF scales per candidate (`adapters[c]`); each candidate's transcripts are then encoded with
@@ -283,8 +284,13 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
     keep_features: record each pick's hidden state in `Episode.features` (REINFORCE needs them).
     stop_on_outage: end an episode at its first outage (the training loops: the episode cannot count, so no
         further call is paid for it). Either way an outage marks the episode (`outage`, reward None).
+    roles: the roles the head may pick (`coordinator.roles`); the others get probability 0 (a Thinker's suggestion
+        of one is ignored). All three: the paper's coordinator; Worker alone with one turn: the learned router.
     """
     n_models = len(pool)
+    allowed = np.array([r in roles for r in ROLES])
+    if not allowed.any():
+        raise ValueError("play_episodes: no role to pick (roles is empty)")
     memo = RolloutTrees() if trees is None else trees
     memo.bind(pool)
     active = [e for e in episodes if not e.done]
@@ -308,11 +314,14 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
         Z = np.empty((len(active), n_models + 3))
         for c, ix in by_candidate.items():
             Z[ix] = H64[ix] @ np.asarray(heads[c], dtype=np.float64).T
-        P_model, P_role = softmax(Z[:, :n_models]), softmax(Z[:, n_models:])
+        Z_role = Z[:, n_models:] if allowed.all() else np.where(allowed, Z[:, n_models:], -np.inf)
+        P_model, P_role = softmax(Z[:, :n_models]), softmax(Z_role)
         requests, asked = [], []
         for i, e in enumerate(active):
             m, r = pick(e.rng, P_model[i], P_role[i])
             role = ROLES[r]
+            if e.forced_role is not None and e.forced_role not in roles:
+                e.forced_role = None  # a suggestion of a role this coordinator may not pick
             forced = e.forced_role is not None
             if forced:  # the Thinker's suggested_role overrides the head's role pick
                 role, e.forced_role = e.forced_role, None

@@ -30,6 +30,7 @@ import numpy as np
 from trinity.config import Settings
 from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, is_outage, play_episodes
 from trinity.coordinator.policy import param_split
+from trinity.coordinator.router import ROUTER, router_settings
 from trinity.coordinator.roles import Role, Turn, latest_answer, role_messages, turn_of
 from trinity.records import Task
 from trinity.data.splits import HELDOUT_SOURCES
@@ -158,22 +159,28 @@ class _Progress:
 
 
 def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[Task]], pool, states: StateCache,
-             grade: Callable[[Task, str], float], judge=None, methods: Sequence[str] | None = None) -> EvalRun:
+             grade: Callable[[Task, str], float], judge=None, methods: Sequence[str] | None = None,
+             router: tuple[np.ndarray, StateCache] | None = None) -> EvalRun:
     """Every method on every item of `tasks` ({split: tasks}). `judge`: a `grading.judge.MTBenchJudge`, needed
-    when a task is graded by a judge. methods: a subset of ["trinity", "alone:<name>"..., "random-routing"]."""
+    when a task is graded by a judge. `router`: the learned router's parameters and the states it reads (its
+    checkpoint's `Policy.states`), for the method "router". methods: a subset of ["trinity", "router",
+    "alone:<name>"..., "random-routing"]."""
     delta, W = param_split(settings, params, len(pool), states)
     adapters = None if delta is None else [delta]
     ev, co = settings.evaluate, settings.coordinator
-    all_methods = [COORDINATOR, *(f"alone:{n}" for n in pool.names), RANDOM_ROUTING]
+    all_methods = [COORDINATOR, *([ROUTER] if router is not None else []), *(f"alone:{n}" for n in pool.names),
+                   RANDOM_ROUTING]
     chosen = [m for m in all_methods if methods is None or m in methods]
     trees = RolloutTrees()
     if any(t.grader == "judge" for ts in tasks.values() for t in ts) and judge is None:
         raise ValueError("MT-Bench tasks need a judge (evaluate.judge)")
 
-    async def episodes(ts: Sequence[Task], head: np.ndarray, rng_of) -> list[Transcript]:
+    async def episodes(ts: Sequence[Task], head: np.ndarray, rng_of, who: Settings = settings, reads=states,
+                       adapted=adapters) -> list[Transcript]:
         eps = [Episode(task=t, candidate=0, rng=rng_of(t)) for t in ts]
-        await play_episodes(eps, [head], pool, states, co.max_turns, settings.reward, _no_grade, adapters=adapters,
-                            trees=trees, stop_on_outage=True)  # an outage leaves the item unscored: no more calls
+        await play_episodes(eps, [head], pool, reads, who.coordinator.max_turns, settings.reward, _no_grade,
+                            adapters=adapted, trees=trees, roles=who.coordinator.role_choices(),
+                            stop_on_outage=True)  # an outage leaves the item unscored: no more calls
         return [Transcript(e.answer, e.turns, e.path, e.verifier_first, e.cost_usd) for e in eps]
 
     async def alone(idx: int, ts: Sequence[Task]) -> list[Transcript]:
@@ -191,6 +198,11 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[T
             return lambda ts: episodes(ts, W, lambda t: episode_rng(ev.seed, "eval", t.id) if sample else None)
         if method == RANDOM_ROUTING:
             return lambda ts: episodes(ts, np.zeros_like(W), lambda t: episode_rng(ev.random_routing_seed, "random", t.id))
+        if method == ROUTER:  # one Worker turn by the member its head picks (argmax or sampled, as the coordinator)
+            as_router, sample = router_settings(settings), co.policy_eval == "sample"
+            _, W_router = param_split(as_router, router[0], len(pool), router[1])
+            return lambda ts: episodes(ts, W_router, lambda t: episode_rng(ev.seed, "router", t.id) if sample else None,
+                                       as_router, router[1], None)
         idx = pool.names.index(method.removeprefix("alone:"))
         return lambda ts: alone(idx, ts)
 
@@ -347,9 +359,9 @@ def summarise(run: EvalRun, *, resamples: int, seed: int) -> dict:
 
     scores = {m: {b: cell(by.get((m, b), []), m, b) for b in benches} for m in methods}
     singles = [m for m in methods if m.startswith("alone:")]
-    method_rows = [{"method": m, "kind": "coordinator" if m == COORDINATOR else "baseline" if m == RANDOM_ROUTING
-                    else "single", **({"model": m.removeprefix("alone:")} if m.startswith("alone:") else {})}
-                   for m in methods]
+    kinds = {COORDINATOR: "coordinator", ROUTER: "router", RANDOM_ROUTING: "baseline"}
+    method_rows = [{"method": m, "kind": kinds.get(m, "single"),
+                    **({"model": m.removeprefix("alone:")} if m.startswith("alone:") else {})} for m in methods]
 
     def common_mean(method: str, bench: str) -> float | None:
         """The method's mean of score / scale over the benchmark's common units (None if it lacks any)."""
@@ -368,9 +380,7 @@ def summarise(run: EvalRun, *, resamples: int, seed: int) -> dict:
         if COORDINATOR in methods:
             for b in benches:
                 judged = benches[b]["unit"] == "judgement"
-                others = [(picks[b], "best single member")]
-                if RANDOM_ROUTING in methods:
-                    others.append((RANDOM_ROUTING, "random routing"))
+                others = [(picks[b], "best single member"), *baseline_comparisons(methods)]
                 paired[b] = [_comparison(valid[(COORDINATOR, b)], valid[(other, b)], other, label, resamples, seed,
                                          per_turn=judged) for other, label in others]
     averages = {}
@@ -423,14 +433,19 @@ def _pooled_split(split: str, bench_list: list[dict], valid: dict, common: dict,
     best = max((m for m in singles if pooled_scores[m] is not None), key=lambda m: pooled_scores[m], default=None)
     comparisons = []
     if COORDINATOR in methods:
-        others = [(best, POOLED_BEST_LABEL)] if best is not None else []
-        if RANDOM_ROUTING in methods:
-            others.append((RANDOM_ROUTING, "random routing"))
+        others = [*([(best, POOLED_BEST_LABEL)] if best is not None else []), *baseline_comparisons(methods)]
         comparisons = [_comparison(units(COORDINATOR), units(other), other, label, resamples, seed, key=key)
                        for other, label in others]
     return {"benchmarks": [b["name"] for b in split_benches], "items": sum(b["n"] for b in split_benches),
             "units": sum(b["units"] for b in split_benches), "common_units": len(shared),
             "scores": pooled_scores, "best_single": best, "comparisons": comparisons}
+
+
+def baseline_comparisons(methods: Sequence[str]) -> list[tuple[str, str]]:
+    """(method, label) of the baselines the coordinator is compared with, besides the best member: the learned
+    router and random routing, those of them that ran."""
+    return [(m, label) for m, label in ((ROUTER, "learned router"), (RANDOM_ROUTING, "random routing"))
+            if m in methods]
 
 
 def _rank(score: float | None) -> float:

@@ -367,7 +367,8 @@ def play_replaying_outages(specs: Sequence[tuple[Task, int, tuple]], heads, pool
     def play(ix: Sequence[int]) -> list[Episode]:
         eps = [Episode(task=specs[i][0], candidate=specs[i][1], rng=episode_rng(*specs[i][2])) for i in ix]
         asyncio.run(play_episodes(eps, heads, pool, states, c.max_turns, settings.reward, grade, adapters=adapters,
-                                  trees=trees, keep_features=keep_features, stop_on_outage=True))
+                                  trees=trees, keep_features=keep_features, stop_on_outage=True,
+                                  roles=c.role_choices()))
         return eps
 
     episodes = play(range(len(specs)))

@@ -32,7 +32,7 @@ LLM_BOUND_RETRIES = dict(retries=2, retry_delay_seconds=exponential_backoff(back
 store keeps every reply the failed attempt got (never an outage: those are asked again), and evolve resumes from its
 last checkpointed generation. What fires them: an `OutageError` (evolve: a candidate left with no episode free of
 an outage; evaluate: items unscored by an outage, raised after its results are written), a timeout, a crash."""
-LLM_BOUND_STAGES = frozenset({"evolve", "evaluate"})
+LLM_BOUND_STAGES = frozenset({"evolve", "router", "evaluate"})
 @task(name="load-params", cache_policy=NO_CACHE)
 def load_params(params: str):
     """params.yaml (or another file), validated: a bad key fails here, naming the file and the key."""

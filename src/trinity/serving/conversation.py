@@ -355,7 +355,8 @@ class Coordinator:
         def play() -> None:  # the episode's requests run on `loop`, which owns the pool; its replies are traced
             with self.pool.run_on(loop), self.pool.observe(on_reply):
                 asyncio.run(play_episodes([ep], [self.head], self.pool, states, self.settings.coordinator.max_turns,
-                                          self.settings.reward, _ungraded, adapters=self.adapters))
+                                          self.settings.reward, _ungraded, adapters=self.adapters,
+                                          roles=self.settings.coordinator.role_choices()))
 
         await loop.run_in_executor(self._episode_threads, play)
         answered_by = next((t.model for t in reversed(ep.turns) if is_answer(t)), None) if ep.answer else None

@@ -1,4 +1,4 @@
-"""The pipeline stages: prepare → encode → evolve → evaluate → report, one module each.
+"""The pipeline stages: prepare → encode → evolve → router → evaluate → report, one module each.
 
 Each stage module has one `run(settings, paths, tracker=None) -> dict`: it reads the previous stage's outputs
 under `<root>/data` (`paths.Paths`) and its own `params.yaml` sections, and writes its own outputs (the DVC outs in
@@ -14,6 +14,7 @@ STAGES: dict[str, str] = {
     "prepare": "trinity.stages.prepare",    # benchmarks → data/prepared/{train,in_distribution,heldout}.jsonl
     "encode": "trinity.stages.encode",      # prepared tasks → data/encode/root_states.parquet (+ the store)
     "evolve": "trinity.stages.evolve",      # train split → data/checkpoints/coordinator.{npy,json}, data/evolve/
+    "router": "trinity.stages.router",      # train split → data/router/router.{npy,json}, data/router/ (baseline)
     "evaluate": "trinity.stages.evaluate",  # checkpoint + evaluation splits → data/eval/{results.json,...}
     "report": "trinity.stages.report",      # data/eval, data/evolve → reports/summary.md, traces.md, plots/
 }

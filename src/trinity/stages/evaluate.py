@@ -1,8 +1,10 @@
-"""evaluate: every method (the coordinator, each member, random routing) on the in-distribution and held-out items
-(params `evaluate`, `pool`, `coordinator`, `reward`); writes data/eval/results.json, metrics.json, episodes.jsonl."""
+"""evaluate: every method (the coordinator, the learned router, each member, random routing) on the in-distribution
+and held-out items (params `evaluate`, `pool`, `coordinator`, `reward`); writes data/eval/results.json, metrics.json,
+episodes.jsonl."""
 from __future__ import annotations
 
 import json
+import sys
 
 from trinity.config import Settings
 from trinity.files import atomic_open, write_json
@@ -48,6 +50,15 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     tasks = evaluation_splits(splits.in_distribution, splits.heldout)
     trained = policy.Policy.load(paths.checkpoint)
     trained.check(settings)
+    from trinity.coordinator.router import router_settings
+
+    router = None
+    if paths.router_checkpoint.with_suffix(".npy").exists():  # the router stage's (a dependency under DVC)
+        router = policy.Policy.load(paths.router_checkpoint)
+        router.check(router_settings(settings))
+    else:
+        print(f"[evaluate] no learned router at {paths.router_checkpoint}.npy (the router stage): its row is left out",
+              file=sys.stderr, flush=True)
     preflight([*splits.in_distribution, *splits.heldout])
     judged = any(t.grader == "judge" for ts in tasks.values() for t in ts)
     judge_settings, judge_in_pool = _judge_member(settings)
@@ -58,6 +69,8 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
         check_pool_config(settings.pool.model_copy(update={"members": [judge_settings]}))
     encoder = policy.make_encoder(settings)
     trained.check(settings, encoder)
+    if router is not None:
+        router.check(router_settings(settings), encoder)
     ev = settings.evaluate
     with Store(paths.store) as store:
         pool = build_pool(settings.pool, store, policy.role_caps(settings))
@@ -67,7 +80,8 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
                 judge_settings = next(m for m in pool.settings if m.name == judge_settings.name)
             judge = MTBenchJudge(judge_pool(judge_settings, ev.judge_max_tokens, store, settings.pool.max_concurrency),
                                  prompts)
-        run = run_eval(settings, trained.params, tasks, pool, trained.states(encoder, store), grade, judge=judge)
+        run = run_eval(settings, trained.params, tasks, pool, trained.states(encoder, store), grade, judge=judge,
+                       router=None if router is None else (router.params, router.states(encoder, store)))
         judge_info = None
         if judge is not None:
             judge_info = {"name": judge_settings.name, "model_id": judge.pool.members[0].model_id,
@@ -81,6 +95,9 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
                       "random_routing": ev.random_routing_seed},
             "checkpoint": {k: trained.meta.get(k) for k in ("run_fingerprint", "code_version", "method",
                                                             "generations", "params_hash")},
+            "router_checkpoint": None if router is None else {
+                k: router.meta.get(k) for k in ("run_fingerprint", "code_version", "method", "generations",
+                                                "params_hash", "saved_fitness")},
             "eval_code_version": code_version(),
             "pool": [{"name": m.name, "model_id": m.model_id} for m in pool.members],
             "never_trained_on": {
@@ -106,7 +123,8 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     _raise_on_outages(run.items)  # after writing: nothing computed is lost, and the retry pays only the outages
     if tracker is not None:
         tracker.log_eval_results(results)
-    lineage(tracker, uses=("prepared", "checkpoint"), logs="eval",
+    used = ("prepared", "checkpoint", *(("router-checkpoint",) if router is not None else ()))
+    lineage(tracker, uses=used, logs="eval",
              files=[paths.eval_dir / n for n in ("results.json", "metrics.json", "episodes.jsonl")],
              metadata={"averages": out["averages"], "checkpoint": out["checkpoint"]})
     return metrics

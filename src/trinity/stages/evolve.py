@@ -1,5 +1,6 @@
 """evolve: train the coordinator's head (params `evolve`, `reward`, `coordinator`, `pool`) on the train split,
-resumable generation by generation; writes data/checkpoints/coordinator.{npy,json} and data/evolve/."""
+resumable generation by generation; writes data/checkpoints/coordinator.{npy,json} and data/evolve/. The router
+stage trains the learned-router baseline through the same `train_and_save`."""
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -17,7 +18,7 @@ from trinity.stages.common import load_tasks
 from trinity.stages.paths import Paths
 
 
-def generation_logger(tracker, pool_names: list[str], prefix: str = "", step: bool = True):
+def generation_logger(tracker, pool_names: list[str], prefix: str = "", step: bool = True, label: str = "evolve"):
     """W&B per generation: fitness (best/mean), step size, accuracy, model and role usage (every member and
     role, zeros included, so the curves have no gaps), model-choice entropy, new calls, store hits (and the
     hit rate), calls per episode, states encoded, cost; running totals of calls and cost."""
@@ -34,7 +35,7 @@ def generation_logger(tracker, pool_names: list[str], prefix: str = "", step: bo
                     "calls_total": totals["calls"], "cost_usd_total": totals["cost_usd"]}
         if tracker is not None:
             tracker.log({f"{prefix}{k}": v for k, v in metrics.items()}, step=rec.generation if step else None)
-        print(f"[{'ablation' if prefix else 'evolve'}:{rec.method}] gen {rec.generation}: saved vector "
+        print(f"[{'ablation' if prefix else label}:{rec.method}] gen {rec.generation}: saved vector "
               f"{rec.saved_fitness:.3f} (acc {rec.saved_accuracy:.2f}); candidates mean {rec.mean_fitness:.3f} "
               f"best {rec.best_candidate_fitness:.3f}; step {rec.sigma:.4g} calls {rec.calls_made} "
               f"hits {rec.store_hits}{_outage_note(rec)} ({rec.wall_s:.1f}s)", flush=True)
@@ -69,6 +70,13 @@ def _reset_adapter(states, layout) -> None:
 
 
 def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
+    return train_and_save(settings, paths, tracker, name="evolve", checkpoint=paths.checkpoint,
+                          out_dir=paths.evolve_dir)
+
+
+def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, checkpoint: Path, out_dir: Path) -> dict:
+    """Train a head on the train split with `settings` (resumable: the run state is data/store/<name>_state.pkl)
+    and write its checkpoint (`checkpoint`.{npy,json}) and `out_dir`/{history,metrics}.json."""
     from trinity.code_version import code_version
     from trinity.coordinator.episode import StateCache
     from trinity.coordinator.features import features_json
@@ -81,15 +89,16 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     check_pool_config(settings.pool)
     train = load_tasks(paths).train
     encoder = policy.make_encoder(settings)
-    paths.evolve_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     # the resume state is this checkout's own (a queued experiment's copy does not share the workspace's)
-    resume = paths.data / "store" / "evolve_state.pkl"
+    resume = paths.data / "store" / f"{name}_state.pkl"
     resume.parent.mkdir(parents=True, exist_ok=True)
     with Store(paths.store) as store:
         pool = build_pool(settings.pool, store, policy.role_caps(settings), executor=executor_for(settings.evolve))
         states = StateCache(encoder, store)
         result = _train(settings, train, pool, states, store, resume_path=resume,
-                        run_id=run_id(settings, "evolve"), on_generation=generation_logger(tracker, pool.names))
+                        run_id=run_id(settings, name),
+                        on_generation=generation_logger(tracker, pool.names, label=name))
         layout = result.layout
         _reset_adapter(states, layout)
         meta = {
@@ -107,9 +116,9 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
             "final_mean_fitness": result.history[-1].mean_fitness if result.history else None,
             "train_tasks": [t.id for t in train],
         }
-        policy.save_checkpoint(paths.checkpoint, result.params, meta)
+        policy.save_checkpoint(checkpoint, result.params, meta)
         history = [asdict(r) for r in result.history]
-        write_json(paths.evolve_dir / "history.json", history)
+        write_json(out_dir / "history.json", history)
         metrics = {"saved_fitness": result.saved_fitness, "best_candidate_fitness": result.best_candidate_fitness,
                    "generations": len(history), "resumed_from_generation": result.resumed_from,
                    "code_version": code_version(), "calls_made": pool.stats.calls_made,
@@ -117,7 +126,7 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
                    "transient_failures": pool.stats.transient_failures,
                    "outage_episodes": sum(r["outage_episodes"] for r in history),
                    "n_params": layout.n_params, "svf_params": layout.n_svf}
-        write_json(paths.evolve_dir / "metrics.json", metrics)
-    lineage(tracker, uses=("prepared",), logs="checkpoint",
-             files=[paths.checkpoint.with_suffix(".npy"), paths.checkpoint.with_suffix(".json")], metadata=metrics)
+        write_json(out_dir / "metrics.json", metrics)
+    lineage(tracker, uses=("prepared",), logs="checkpoint" if name == "evolve" else f"{name}-checkpoint",
+            files=[checkpoint.with_suffix(".npy"), checkpoint.with_suffix(".json")], metadata=metrics)
     return metrics

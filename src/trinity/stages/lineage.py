@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 ARTIFACTS = {"prepared": ("prepared-data", "dataset"), "checkpoint": ("coordinator", "model"),
-             "eval": ("eval-results", "evaluation")}
-"""W&B artifacts of the pipeline (name, type): prepared data → checkpoint → eval results (the lineage)."""
+             "router-checkpoint": ("router", "model"), "eval": ("eval-results", "evaluation")}
+"""W&B artifacts of the pipeline (name, type): prepared data → checkpoints (the coordinator, the learned router)
+→ eval results (the lineage)."""
 
 
 def lineage(tracker, uses: tuple[str, ...] = (), logs: str | None = None, files: list[Path] = (),

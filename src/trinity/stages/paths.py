@@ -43,6 +43,10 @@ class Paths:
     @property
     def evolve_dir(self) -> Path: return self.data / "evolve"
     @property
+    def router_checkpoint(self) -> Path: return self.router_dir / "router"  # not in checkpoints/: one model there
+    @property
+    def router_dir(self) -> Path: return self.data / "router"
+    @property
     def eval_dir(self) -> Path: return self.data / "eval"
     @property
     def exports(self) -> Path: return self.data / "exports"

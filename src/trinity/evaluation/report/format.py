@@ -14,8 +14,9 @@ mission's held-out benchmarks; "held-out, other benchmarks": every other benchma
 
 _SPLIT_LABELS = {key: label for key, label, _ in SPLITS}
 
-_KIND_ORDER = {"coordinator": 0, "single": 1, "baseline": 2, "oracle": 4}
-"""Row order of the tables: the coordinator, each member alone, the baselines, other methods, the oracle last."""
+_KIND_ORDER = {"coordinator": 0, "router": 1, "single": 2, "baseline": 3, "oracle": 5}
+"""Row order of the tables: the coordinator, the learned router, each member alone, the baselines, other methods,
+the oracle last."""
 
 
 def ordered_benchmarks(results: EvalResults) -> list[Benchmark]:
@@ -24,7 +25,7 @@ def ordered_benchmarks(results: EvalResults) -> list[Benchmark]:
 
 
 def ordered_methods(results: EvalResults) -> list[Method]:
-    return sorted(results.methods, key=lambda m: _KIND_ORDER.get(m.kind, 3))
+    return sorted(results.methods, key=lambda m: _KIND_ORDER.get(m.kind, 4))
 
 
 def method_label(method: Method) -> str:

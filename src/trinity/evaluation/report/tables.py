@@ -225,7 +225,8 @@ def _paired_row(name: str, c: Comparison, scale: float, judged: bool) -> list[st
 
 
 def pooled_table(results: EvalResults) -> list[str]:
-    """Per split: the coordinator minus one best member and minus random routing over every unit both scored."""
+    """Per split: the coordinator minus one best member, the learned router and random routing over every unit both
+    scored."""
     rows = []
     for key, label, _ in SPLITS:
         entry = results.pooled_paired.get(key)
@@ -326,9 +327,10 @@ def _averages_sentence(results: EvalResults, split: str, split_label: str) -> st
     if singles:
         best_name, best = max(singles, key=lambda s: s[1])
         others.append((f"`{best_name}`", best, ", the best member alone on this average"))
-    random_routing = results.average("random-routing", split)
-    if random_routing is not None:
-        others.append(("random routing", random_routing, ""))
+    for method, who in (("router", "the learned router"), ("random-routing", "random routing")):
+        value = results.average(method, split)
+        if value is not None:
+            others.append((who, value, ""))
     comparisons = [f"{'above' if mine > value else 'below' if mine < value else 'equal to'} {who} ({value:.3f}{note})"
                    for who, value, note in others]
     oracle = [results.average(m.id, split) for m in results.methods if m.is_oracle]
