@@ -9,7 +9,7 @@ import pytest
 from scripted_pool import HashEncoder, ScriptedModel
 from trinity.config import PoolMember, Settings
 from trinity.coordinator.episode import Episode, StateCache, episode_rng, play_episodes
-from trinity.coordinator.roles import ROLES, Role
+from trinity.coordinator.roles import ROLES, Role, allowed_roles
 from trinity.coordinator.router import ROUTER, router_settings
 from trinity.evaluation.run import evaluate, summarise
 from trinity.evolve.sep_cma import evolve
@@ -59,7 +59,7 @@ def test_router_settings_cut_the_coordinator_to_one_worker_turn_and_keep_everyth
     s = _settings()
     r = router_settings(s)
     assert (r.coordinator.max_turns, r.coordinator.roles, r.coordinator.svf_layer) == (1, ["worker"], None)
-    assert r.coordinator.role_choices() == (Role.WORKER,) and s.coordinator.role_choices() == ROLES
+    assert allowed_roles(r.coordinator) == (Role.WORKER,) and allowed_roles(s.coordinator) == ROLES
     assert r.evolve == s.evolve and r.reward == s.reward and r.pool == s.pool and r.data == s.data
     with pytest.raises(ValueError, match="has no worker"):
         Settings.model_validate({"pool": s.pool.model_dump(), "coordinator": {"roles": ["thinker", "verifier"]}})

@@ -84,9 +84,8 @@ def test_duplicate_ids_mixed_scales_an_empty_file_and_a_missing_file_are_errors(
 
 def test_params_declare_it_by_name_and_a_bad_declaration_names_the_key(tmp_path):
     p = tmp_path / "params.yaml"
-    p.write_text("data:\n  user_benchmarks: {mmlu: benchmarks/example.jsonl}\n")
-    with pytest.raises(ConfigError, match="data.user_benchmarks.mmlu: 'mmlu' is a staged benchmark's name"):
-        load_settings(p)
+    with pytest.raises(ValueError, match="data.user_benchmarks.mmlu: 'mmlu' is a staged benchmark's name"):
+        splits_from_settings(DataSettings(train={"mmlu": 1}, user_benchmarks={"mmlu": str(EXAMPLE)}))
     p.write_text("data:\n  user_benchmarks: {My-Bench: benchmarks/example.jsonl}\n")
     with pytest.raises(ConfigError, match="data.user_benchmarks.My-Bench: a name is lower-case"):
         load_settings(p)

@@ -26,6 +26,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+USER_BENCHMARK_NAME = re.compile(r"[a-z][a-z0-9_]*")
+"""A user benchmark's name: lower-case letters, digits and underscores (it prefixes task ids and names report rows)."""
+
+
 class DataSettings(_Section):
     root: str = "../shared/benchmarks"
     """Benchmark directory, relative to the project root; env TRINITY_DATA_DIR overrides it."""
@@ -46,15 +50,10 @@ class DataSettings(_Section):
 
     @model_validator(mode="after")
     def _check_user_benchmarks(self):
-        from trinity.data.loaders import BENCHMARKS
-        from trinity.data.loaders.user import NAME_PATTERN
-
-        for name, path in self.user_benchmarks.items():
-            if not NAME_PATTERN.fullmatch(name):
+        for name, path in self.user_benchmarks.items():  # (a clash with a staged benchmark's name: at the draw)
+            if not USER_BENCHMARK_NAME.fullmatch(name):
                 raise ValueError(f"data.user_benchmarks.{name}: a name is lower-case letters, digits and underscores, "
                                  "starting with a letter")
-            if name in BENCHMARKS:
-                raise ValueError(f"data.user_benchmarks.{name}: {name!r} is a staged benchmark's name; pick another")
             if not path.strip():
                 raise ValueError(f"data.user_benchmarks.{name}: empty path")
         return self
@@ -192,12 +191,6 @@ class CoordinatorSettings(_Section):
         if self.max_turns < 1:
             raise ValueError(f"coordinator.max_turns must be >= 1, got {self.max_turns}")
         return self
-
-    def role_choices(self) -> tuple:
-        """`roles` as `trinity.coordinator.roles.Role`s, in the head's order."""
-        from trinity.coordinator.roles import ROLES
-
-        return tuple(r for r in ROLES if r.value in self.roles)
 
 
 class RewardSettings(_Section):

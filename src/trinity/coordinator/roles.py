@@ -32,6 +32,12 @@ ROLES: tuple[Role, ...] = (Role.THINKER, Role.WORKER, Role.VERIFIER)
 """Order of the head's last three logits."""
 
 
+def allowed_roles(coordinator) -> tuple[Role, ...]:
+    """The roles a coordinator's head may pick (`coordinator.roles` of a `config.CoordinatorSettings`), in the head's
+    order: all three for the paper's coordinator, Worker alone for the learned router (`coordinator.router`)."""
+    return tuple(r for r in ROLES if r.value in coordinator.roles)
+
+
 @dataclass(frozen=True)
 class Turn:
     """One step of an episode: which model acted, in which role, and what it said."""

@@ -110,6 +110,9 @@ def build_all_splits(
     benchmarks: never trained on, never drawn in-distribution. Raises ContaminationError if the result
     mixes training and evaluation data."""
     user = dict(user_benchmarks or {})
+    for name in user:
+        if name in BENCHMARKS:
+            raise ValueError(f"data.user_benchmarks.{name}: {name!r} is a staged benchmark's name; pick another")
     if not 1 <= math500_max_level <= 5:
         raise ValueError(f"math500_max_level must be 1-5, got {math500_max_level}")
     cache: dict[tuple, list[Task]] = {}

@@ -31,7 +31,7 @@ from trinity.config import Settings
 from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, is_outage, play_episodes
 from trinity.coordinator.policy import param_split
 from trinity.coordinator.router import ROUTER, router_settings
-from trinity.coordinator.roles import Role, Turn, latest_answer, role_messages, turn_of
+from trinity.coordinator.roles import Role, Turn, allowed_roles, latest_answer, role_messages, turn_of
 from trinity.records import Task
 from trinity.data.splits import HELDOUT_SOURCES
 from trinity.evaluation.results import HELDOUT, HELDOUT_OTHER, IN_DISTRIBUTION, SPLIT_KEYS
@@ -179,7 +179,7 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[T
                        adapted=adapters) -> list[Transcript]:
         eps = [Episode(task=t, candidate=0, rng=rng_of(t)) for t in ts]
         await play_episodes(eps, [head], pool, reads, who.coordinator.max_turns, settings.reward, _no_grade,
-                            adapters=adapted, trees=trees, roles=who.coordinator.role_choices(),
+                            adapters=adapted, trees=trees, roles=allowed_roles(who.coordinator),
                             stop_on_outage=True)  # an outage leaves the item unscored: no more calls
         return [Transcript(e.answer, e.turns, e.path, e.verifier_first, e.cost_usd) for e in eps]
 

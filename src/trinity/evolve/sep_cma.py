@@ -43,7 +43,7 @@ from trinity.coordinator.features import fit_feature_map
 from trinity.coordinator.episode import (Episode, OutageError, RolloutTrees, StateCache, entropy_of_counts,
                                         episode_rng, is_outage, play_episodes)
 from trinity.coordinator.head import HeadShape, ParamLayout
-from trinity.coordinator.roles import ROLES
+from trinity.coordinator.roles import ROLES, allowed_roles
 from trinity.records import Task
 
 METHODS = ("sep_cma", "reinforce", "random_search")
@@ -368,7 +368,7 @@ def play_replaying_outages(specs: Sequence[tuple[Task, int, tuple]], heads, pool
         eps = [Episode(task=specs[i][0], candidate=specs[i][1], rng=episode_rng(*specs[i][2])) for i in ix]
         asyncio.run(play_episodes(eps, heads, pool, states, c.max_turns, settings.reward, grade, adapters=adapters,
                                   trees=trees, keep_features=keep_features, stop_on_outage=True,
-                                  roles=c.role_choices()))
+                                  roles=allowed_roles(c)))
         return eps
 
     episodes = play(range(len(specs)))

@@ -337,7 +337,7 @@ class Coordinator:
     async def answer(self, task: Task, on_turn: Callable[[TurnRecord], None] | None = None) -> EpisodeResult:
         """Play one argmax episode for `task`; `on_turn` sees each turn as its reply arrives. The trace is saved."""
         from trinity.coordinator.episode import Episode, play_episodes
-        from trinity.coordinator.roles import is_answer
+        from trinity.coordinator.roles import allowed_roles, is_answer
 
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
@@ -356,7 +356,7 @@ class Coordinator:
             with self.pool.run_on(loop), self.pool.observe(on_reply):
                 asyncio.run(play_episodes([ep], [self.head], self.pool, states, self.settings.coordinator.max_turns,
                                           self.settings.reward, _ungraded, adapters=self.adapters,
-                                          roles=self.settings.coordinator.role_choices()))
+                                          roles=allowed_roles(self.settings.coordinator)))
 
         await loop.run_in_executor(self._episode_threads, play)
         answered_by = next((t.model for t in reversed(ep.turns) if is_answer(t)), None) if ep.answer else None

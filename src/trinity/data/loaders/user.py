@@ -23,7 +23,6 @@ apart from the right-or-wrong types. Task ids are "<name>/<id>"; the file is rea
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +44,6 @@ _FIELDS = {  # type -> (required fields, optional fields)
     "open": (set(), {"question", "turns", "category", "reference"}),
 }
 _COMMON = {"id", "type", "metadata"}
-
-NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
-"""A user benchmark's name: lower-case letters, digits and underscores (it prefixes task ids and names report rows)."""
-
 
 def load_user_benchmark(path: str | Path, name: str) -> list[Task]:
     """Every item of the JSONL file at `path` as a Task of source `name`; a bad item raises DataError naming the
