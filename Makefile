@@ -25,7 +25,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export WANDB_SILENT := true
 
-.PHONY: setup setup-sandbox run run-full run-every-item ablation test test-slow check-graders bench clean-venv
+.PHONY: setup setup-sandbox run run-full run-every-item ablation cost-front test test-slow check-graders bench clean-venv
 
 setup: $(SETUP_STAMP)
 
@@ -101,6 +101,13 @@ ablation: setup setup-sandbox
 			-S evolve.method=$$m -S data.root=$(DATA_ROOT) $(foreach p,$(ABLATION_SET),-S $(p)) || exit 1; done
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/$(EXP_SHOW)
 	$(PY) scripts/ablation_report.py
+
+# Cost-aware routing: the coordinator retrained at each reward.cost_weight (seconds) and played on the run's
+# evaluation items, against each member, the learned router and random routing: reports/cost_front.{md,json},
+# reports/plots/cost_front.png. After `make run` (it shares the run's store; resumable). COST_WEIGHTS to change them.
+COST_WEIGHTS ?= 0.002,0.005,0.01,0.02
+cost-front: setup setup-sandbox
+	$(PY) scripts/cost_front.py --weights $(COST_WEIGHTS)
 
 test: setup
 	bash scripts/run_tests.sh -m "not slow"
