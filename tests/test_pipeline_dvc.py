@@ -71,14 +71,16 @@ def repo(tmp_path_factory, root):
 
 def test_repro_produces_checkpoint_report_and_wandb_run(repo):
     repo, env, out, _ = repo
-    for stage in ("prepare", "encode", "evolve", "evaluate", "report"):
+    for stage in ("prepare", "encode", "evolve", "router", "evaluate", "report"):
         assert f"Running stage '{stage}'" in out
     meta = json.loads((repo / "data/checkpoints/coordinator.json").read_text())
     assert meta["n_params"] == (2 + 3) * meta["dim"] and meta["head_shape"] == [5, meta["dim"]]
     assert meta["params_hash"] and meta["encoder"] and [p["name"] for p in meta["pool"]] == ["smol-a", "smol-b"]
     summary = (repo / "reports/summary.md").read_text()
-    for method in ("trinity", "alone:smol-a", "alone:smol-b", "random-routing", "oracle:best-single"):
+    for method in ("trinity", "router", "alone:smol-a", "alone:smol-b", "random-routing", "oracle:best-single"):
         assert method in summary
+    router = json.loads((repo / "data/router/router.json").read_text())
+    assert router["n_params"] == meta["n_params"] and router["run_fingerprint"] != meta["run_fingerprint"]
     res = json.loads((repo / "data/eval/results.json").read_text())
 
     def ids(name):
@@ -87,27 +89,30 @@ def test_repro_produces_checkpoint_report_and_wandb_run(repo):
     train, in_dist, held = ids("train"), ids("in_distribution"), ids("heldout")
     assert held and in_dist and not (train & (held | in_dist)) and res["n_items"] == len(held | in_dist)
     assert [(b["name"], b["split"]) for b in res["benchmarks"]] == [
-        ("math500", "in_distribution"), ("gsm8k", "heldout"), ("mt_bench", "heldout")]
+        ("math500", "in_distribution"), ("mt_bench", "heldout"), ("gsm8k", "heldout_other")]
+    assert set(res["pooled_paired"]) == {"in_distribution", "heldout", "heldout_other"}
+    assert {c["b"] for c in res["pooled_paired"]["in_distribution"]["comparisons"]} >= {"router", "random-routing"}
     # MT-Bench was judged by the configured judge, through the store; every verdict is accounted for (a turn the
     # method gave no answer to scores the minimum without a judge call)
     rows = [json.loads(l) for l in (repo / "data/eval/episodes.jsonl").read_text().splitlines()]
     answerless = sum(1 for r in rows for j in (r["judge"] or []) if j["prompt"] is None)
     assert res["judge"]["name"] == "smol-a" and res["judge"]["verdicts"] + res["judge"]["unparseable"] + \
-        res["judge"]["failed"] + answerless == 2 * 4  # two conversation turns x four methods
-    assert {(r["method"], r["task_id"]) for r in rows} == {(m, t) for m in ("trinity", "alone:smol-a", "alone:smol-b",
-                                                                            "random-routing") for t in held | in_dist}
+        res["judge"]["failed"] + answerless == 2 * 5  # two conversation turns x five methods
+    assert {(r["method"], r["task_id"]) for r in rows} == {
+        (m, t) for m in ("trinity", "router", "alone:smol-a", "alone:smol-b", "random-routing") for t in held | in_dist}
     for name in ("scores", "usage", "fitness", "score_vs_compute"):
         assert (repo / f"reports/plots/{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "## " in (repo / "reports/traces.md").read_text()
     runs = list((Path(env["WANDB_DIR"]) / "wandb").glob("offline-run-*"))
-    assert len(runs) >= 5 and all(list(r.glob("*.wandb")) for r in runs)
+    assert len(runs) >= 6 and all(list(r.glob("*.wandb")) for r in runs)
     # one W&B group for the repro (its dvc process), and the W&B Report of it, built offline from its runs
     from trinity.ops.wandb_report import local_runs, publish
     groups = {r.group for r in local_runs(Path(env["WANDB_DIR"]))}
     assert len(groups) == 1 and next(iter(groups)).startswith("dvc-"), groups
     built = publish(Path(env["WANDB_DIR"]), mode="offline")
     assert not built.saved and built.group in groups and built.model_path.is_file()
-    assert sorted(r.job_type for r in built.runs) == sorted(("prepare", "encode", "evolve", "evaluate", "report"))
+    assert sorted(r.job_type for r in built.runs) == sorted(("prepare", "encode", "evolve", "router", "evaluate",
+                                                             "report"))
     panels = [p for b in json.loads(built.model_path.read_text())["report"]["spec"]["blocks"]
               if b["type"] == "panel-grid" for p in b["metadata"]["panelBankSectionConfig"]["panels"]]
     media = {k for p in panels for k in p["config"].get("mediaKeys", [])}
@@ -250,9 +255,11 @@ def test_evolve_param_change_reruns_evolve_and_downstream_only(repo):
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         out = _sh(["dvc", "repro"], repo, env)
-        ran = {s for s in ("prepare", "encode", "evolve", "evaluate", "report") if f"Running stage '{s}'" in out}
-        assert ran == {"evolve", "evaluate", "report"}
+        ran = {s for s in ("prepare", "encode", "evolve", "router", "evaluate", "report")
+               if f"Running stage '{s}'" in out}
+        assert ran == {"evolve", "router", "evaluate", "report"}  # the router trains on the evolve budget too
         assert json.loads((repo / "data/evolve/metrics.json").read_text())["calls_made"] == 0
+        assert json.loads((repo / "data/router/metrics.json").read_text())["calls_made"] == 0
     finally:
         params["evolve"]["generations"] = 2
         (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -269,8 +276,9 @@ def test_code_edit_reruns_evolve_as_a_new_run_from_stored_calls(repo):
     episode.write_text(edited)
     try:
         out = _sh(["dvc", "repro"], repo, env)
-        ran = {s for s in ("prepare", "encode", "evolve", "evaluate", "report") if f"Running stage '{s}'" in out}
-        assert {"evolve", "evaluate", "report"} <= ran and "prepare" not in ran
+        ran = {s for s in ("prepare", "encode", "evolve", "router", "evaluate", "report")
+               if f"Running stage '{s}'" in out}
+        assert {"evolve", "router", "evaluate", "report"} <= ran and "prepare" not in ran
         metrics = json.loads((repo / "data/evolve/metrics.json").read_text())
         assert metrics["resumed_from_generation"] == 0 and metrics["generations"] == 2
         assert metrics["calls_made"] == 0 and metrics["store_hits"] > 0
