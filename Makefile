@@ -122,7 +122,7 @@ test-slow: setup-sandbox
 check-graders: setup-sandbox
 	$(PY) -m trinity.grading.check
 
-# training_cost.py plays sep-CMA-ES generations at the paper's shape on the embedded pool (32-38 min each from
+# training_cost.py plays sep-CMA-ES generations at the paper's shape on the embedded pool (about an hour each from
 # an empty store on 2 cores): run it on its own (docs/results.md, "Does training learn?").
 bench: setup
 	@for b in bench/*.py; do [ "$$b" = bench/training_cost.py ] && continue; \

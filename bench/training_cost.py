@@ -14,7 +14,7 @@ guard is applied). Nothing is read from or written to the project's store: the s
 
 Usage: .venv/bin/python bench/training_cost.py [--generations 2] [--popsize 33] [--tasks-per-generation 16]
        [--per-source 8] [--store PATH]
-Last line: one JSON object (DESIGN.md's bench format). Slow: 32-38 min per generation from an empty store on
+Last line: one JSON object (DESIGN.md's bench format). Slow: about an hour per generation from an empty store on
 2 cores (that is what it measures); progress goes to stderr.
 """
 from __future__ import annotations

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from trinity.config import PoolMember, PoolSettings
+from trinity.config import PoolSettings
 from trinity.pool.base import ConcurrencyLimits
 from trinity.pool.errors import PoolConfigError, check_pool_config
 from trinity.pool.llama_server import LLAMA_SERVERS, LlamaServerChatModel, binary_problem
 from trinity.pool.runtime import build_pool
 from trinity.pool.worker import expand_request
-from trinity.pool.openai_compat import OpenAICompatibleChatModel
-from trinity.records import ChatMessage, SamplingParams
+from trinity.records import ChatMessage
 from trinity.store import Store
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -225,52 +224,3 @@ def test_a_finished_event_loop_closes_its_clients(capfd):
     gc.collect()
     err = capfd.readouterr().err
     assert "Event loop is closed" not in err and "Unclosed" not in err, err
-
-
-def test_each_call_to_a_server_opens_its_own_connection():
-    """`Connection: close` on every request to llama-server: no kept-alive connection for the server to close
-    under a call that waited behind the pool's limit (the stale-connection outages of an all-methods evaluation)."""
-    import asyncio
-    import http.server
-    import json as _json
-    import threading
-
-    from trinity.pool.llama_server import _ServerClient
-
-    seen = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive unless the client says close
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            seen.append((self.headers.get("Connection"), self.client_address[1]))
-            body = _json.dumps({"choices": [{"message": {"role": "assistant", "content": "4"},
-                                             "finish_reason": "stop"}],
-                                "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        member = PoolMember(name="m", backend="openai", model="m", base_url=f"http://127.0.0.1:{srv.server_port}/v1")
-        client = _ServerClient.__new__(_ServerClient)
-        OpenAICompatibleChatModel.__init__(client, member)
-        client.request = lambda messages, sampling: ("/chat/completions", {"model": "m", "messages": [
-            {"role": m.role, "content": m.content} for m in messages]})
-
-        async def three():
-            return [await client.chat([ChatMessage("user", "2+2?")], SamplingParams()) for _ in range(3)]
-
-        replies = asyncio.run(three())
-    finally:
-        srv.shutdown()
-    assert [r.text for r in replies] == ["4"] * 3
-    assert [c for c, _ in seen] == ["close"] * 3 and len({port for _, port in seen}) == 3

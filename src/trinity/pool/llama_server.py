@@ -334,15 +334,7 @@ class LlamaServerChatModel(LocalChatModel):
 
 
 class _ServerClient(OpenAICompatibleChatModel):
-    """The OpenAI-compatible member that calls one llama-server, asking what `LocalChatModel` asks in process.
-
-    One connection per request (`Connection: close`): llama-server closes a kept-alive connection after a few seconds
-    idle, and a call that waited for a free slot behind the pool's limit could pick such a connection from the client's
-    pool just as the server closed it ("Cannot write to closing transport"), failing every retry while stale
-    connections remained (seen when the evaluation ran every method at once: two outages in the first minute). A
-    connection on 127.0.0.1 costs well under a millisecond against seconds of decoding."""
-
-    request_options = {"headers": {"Connection": "close"}}
+    """The OpenAI-compatible member that calls one llama-server, asking what `LocalChatModel` asks in process."""
 
     def __init__(self, model: LlamaServerChatModel, http_member: PoolMember,
                  global_limit: LoopLocalSemaphore | None, *, member_limit: LoopLocalSemaphore | None):

@@ -295,9 +295,6 @@ class OpenAICompatibleChatModel:
             body["response_format"] = response_format
         return "/chat/completions", body
 
-    request_options: dict[str, Any] = {}
-    """Extra SDK request options for every call (e.g. headers); none for an API endpoint."""
-
     # -- internals -------------------------------------------------------------------------------
     async def _attempt(self, route: str, body: dict[str, Any]) -> _Attempt:
         timeout_s = self.member.timeout_s
@@ -311,7 +308,7 @@ class OpenAICompatibleChatModel:
                     # differ in what they accept and return), and it skips the SDK's per-call transform
                     # of typed params (~1 ms of CPU per request, which caps throughput at high concurrency).
                     raw = await self._client.post(route, cast_to=httpx2.Response, body=body,
-                                                  options={"timeout": timeout_s, **self.request_options})
+                                                  options={"timeout": timeout_s})
                     text = raw.text
         except TimeoutError:
             return _Attempt(error=f"timeout after {timeout_s:g}s")
