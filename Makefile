@@ -77,7 +77,8 @@ run-full: setup setup-sandbox
 # alone has 14,042 items x 6 methods).
 EVERY_ITEM := data.math500_max_level=5 \
 	data.in_distribution.math500=-1 data.in_distribution.mmlu=-1 data.in_distribution.mbpp=-1 \
-	data.heldout.aime=-1 data.heldout.bigcodebench_hard=-1 data.heldout.mt_bench=-1 data.heldout.gpqa=-1
+	data.heldout.aime=-1 data.heldout.bigcodebench_hard=-1 data.heldout.mt_bench=-1 data.heldout.gpqa=-1 \
+	data.heldout.gsm8k=-1 data.heldout.humaneval=-1
 run-every-item: setup setup-sandbox
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --name every-item $(foreach p,$(EVERY_ITEM),-S $(p))
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/$(EXP_SHOW)
