@@ -272,7 +272,7 @@ def test_nightly_eval_deployment_runs_on_a_worker_then_flags_a_silent_model_chan
     assert llm.request_count > calls1  # every call made again
     summary = _artifacts(prefect, SUMMARY_ARTIFACT_KEY)
     assert [a["flow_run_id"] for a in summary] == [first["id"], second["id"]]  # the nightly history, one key
-    assert "**DROP FLAGGED**" in summary[1]["data"] and "alone:api-b | gsm8k | heldout | 0.000 | 1.000 | -1.000 " \
+    assert "**DROP FLAGGED**" in summary[1]["data"] and "alone:api-b | gsm8k | heldout_other | 0.000 | 1.000 | -1.000 " \
         "**drop**" in summary[1]["data"]
     assert len(_artifacts(prefect, SCORES_ARTIFACT_KEY)) == 2
     # what the README tells a user to run

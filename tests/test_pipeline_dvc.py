@@ -49,7 +49,7 @@ def repo(tmp_path_factory, root):
     tmp = tmp_path_factory.mktemp("pipeline")
     repo = tmp / "repo"
     repo.mkdir()
-    for item in ("dvc.yaml", "flows", "src"):
+    for item in ("dvc.yaml", "flows", "src", "benchmarks"):
         src = PROJECT_ROOT / item
         (shutil.copytree(src, repo / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
          if src.is_dir() else shutil.copy(src, repo / item))
@@ -219,7 +219,7 @@ def test_weekly_retrain_without_a_dvc_remote_fails_by_name_before_any_stage(repo
     src_repo, env, _, _ = repo
     bare = tmp_path / "no-remote"
     bare.mkdir()
-    for item in ("dvc.yaml", "params.yaml", "flows", "src"):
+    for item in ("dvc.yaml", "params.yaml", "flows", "src", "benchmarks"):
         src = src_repo / item
         (shutil.copytree(src, bare / item, ignore=shutil.ignore_patterns("__pycache__"))
          if src.is_dir() else shutil.copy(src, bare / item))
