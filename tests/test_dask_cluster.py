@@ -223,7 +223,7 @@ def test_dvc_repro_evolve_on_the_cluster_equals_threads(cluster, tmp_path, root)
     address, sup, _ = cluster
     project = tmp_path / "project"
     project.mkdir()
-    for item in ("dvc.yaml", "flows", "src"):
+    for item in ("dvc.yaml", "flows", "src", "benchmarks"):
         src = PROJECT_ROOT / item
         (shutil.copytree(src, project / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
          if src.is_dir() else shutil.copy(src, project / item))
