@@ -112,14 +112,31 @@ def test_every_method_plays_the_same_items_and_mt_bench_is_judged_turn_by_turn(t
     json.dumps(row)
 
 
-def test_each_method_is_charged_the_calls_it_paid(tmp_path):
-    """Each (benchmark, method) run's calls_new is what it paid (`Pool.tally`); the runs add up to the pool's calls."""
+def test_methods_run_at_the_same_time_and_each_is_charged_its_own_calls(tmp_path):
+    """Every (benchmark, method) run goes at once, so a member's server batches every method's calls (two members
+    alone are in flight together); each run's calls_new is what it paid (`Pool.tally`), adding up to the pool's."""
+    import asyncio
+
+    in_flight, seen_together = set(), []
+
+    class Overlapping(EchoWorker):
+        async def chat(self, messages, sampling):
+            in_flight.add(self.name)
+            seen_together.append(set(in_flight))
+            await asyncio.sleep(0.02)
+            in_flight.discard(self.name)
+            return await super().chat(messages, sampling)
+
+    models = [Overlapping("good", True), Overlapping("bad", False)]
     with Store(tmp_path / "s.duckdb") as store:
-        run, models, pool, _ = _run(store, ScriptedJudge(), {"in_distribution": MATH[:2]},
-                                    methods=["trinity", "alone:good", "alone:bad"])
-    assert sum(c["calls_new"] for c in run.calls.values()) == pool.stats.calls_made > 0
-    assert run.calls[("alone:bad", "math500")] == {"calls_new": 2, "failed_calls": 0}
-    assert [i.score for i in run.items if i.method == "alone:good"] == [1.0, 1.0]
+        pool = Pool(models, [PoolMember(name=m.name, backend="local", model="x") for m in models], store)
+        run = evaluate(_settings(), np.zeros(5 * 8), {"in_distribution": MATH[:2]}, pool,
+                       StateCache(HashEncoder(), store), grade, methods=["alone:good", "alone:bad"])
+    assert {"good", "bad"} in seen_together  # one method after another never had both members in flight
+    assert run.calls == {("alone:good", "math500"): {"calls_new": 2, "failed_calls": 0},
+                         ("alone:bad", "math500"): {"calls_new": 2, "failed_calls": 0}}
+    assert pool.stats.calls_made == 4 and [i.method for i in run.items] == ["alone:good"] * 2 + ["alone:bad"] * 2
+    assert [i.score for i in run.items] == [1.0, 1.0, 0.0, 0.0]
 
 
 def test_an_unparseable_judgement_is_counted_never_scored(tmp_path):

@@ -224,3 +224,77 @@ def test_a_finished_event_loop_closes_its_clients(capfd):
     gc.collect()
     err = capfd.readouterr().err
     assert "Event loop is closed" not in err and "Unclosed" not in err, err
+
+
+def _fake_server(monkeypatch, handle):
+    """A llama-server stand-in on 127.0.0.1 that `handle(n, handler)` answers (n: the request's number, from 1), put
+    where LLAMA_SERVERS would hand out the real one. Returns (member, requests seen, shutdown)."""
+    import http.server
+    import threading
+    from types import SimpleNamespace
+
+    from trinity.pool import llama_server
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append(self.path)
+            handle(len(seen), self)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    fake = SimpleNamespace(base_url=f"http://127.0.0.1:{srv.server_port}/v1", alive=lambda: True)
+    monkeypatch.setattr(llama_server.LLAMA_SERVERS, "get", lambda spec: fake)
+    return LlamaServerChatModel(PoolSettings.model_validate({"members": [SMOL]}).members[0]), seen, srv.shutdown
+
+
+def _reply(handler, text="42"):
+    body = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def test_a_call_whose_connection_the_server_closed_is_asked_again(monkeypatch):
+    """A dropped connection (the server closing it under the call: a kept-alive one past its idle limit, "Cannot write
+    to closing transport" in an all-methods evaluation) is retried, not an outage; a timeout is not asked again."""
+    import socket
+
+    from trinity.pool import llama_server
+    from trinity.records import SamplingParams
+
+    def drop_twice(n, handler):
+        if n <= 2:
+            handler.connection.shutdown(socket.SHUT_RDWR)  # no reply at all
+            handler.close_connection = True
+            return
+        _reply(handler)
+
+    model, seen, stop = _fake_server(monkeypatch, drop_twice)
+    try:
+        r = asyncio.run(model.chat(QUESTION, SamplingParams(max_tokens=8)))
+    finally:
+        stop()
+    assert r.ok and r.text == "42" and len(seen) == 3, r
+
+    def too_slow(n, handler):
+        time.sleep(1.5)
+        _reply(handler)
+
+    monkeypatch.setattr(llama_server, "CALL_TIMEOUT_S", 0.5)
+    model, seen, stop = _fake_server(monkeypatch, too_slow)
+    try:
+        r = asyncio.run(model.chat(QUESTION, SamplingParams(max_tokens=8)))
+    finally:
+        stop()
+    assert not r.ok and "timeout" in r.error and len(seen) == 1, r

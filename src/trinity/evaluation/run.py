@@ -143,7 +143,8 @@ def _no_grade(task: Task, answer: str) -> float:
 
 
 class _Progress:
-    """One stderr line per (benchmark, method) run: items, new calls, store hits, time, and the ETA of the rest."""
+    """One stderr line per (benchmark, method) run as it ends: items, new calls, store hits, time, and the ETA of the
+    rest (the runs go at the same time, so the ETA is rough; the pool's own batch lines report in between)."""
 
     def __init__(self, total_runs: int, stats):
         self.total, self.done, self.stats, self.t0 = total_runs, 0, stats, time.monotonic()
@@ -213,17 +214,21 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[T
 
     async def run(split: str, bench: str, ts: Sequence[Task], method: str) -> list[ItemResult]:
         t0 = time.monotonic()
-        with pool.tally() as paid:  # this run's own calls
+        with pool.tally() as paid:  # this run's own calls, while the others run too
             done = await _run_method(method, player(method), ts, split, grade, judge)
         calls[(method, bench)] = {"calls_new": paid.calls_made, "failed_calls": paid.failures}
         progress.report(bench, method, len(ts), paid.calls_made, paid.store_hits, time.monotonic() - t0)
         return done
 
-    # One (benchmark, method) at a time. Running them all at once (one loop, the pool's limit across them) was
-    # tried: against llama-server it failed calls with "Cannot write to closing transport" (8 outages in 4 min,
-    # none one at a time; cause not found), so it waits for that to be understood (docs/benchmarks.md).
+    async def run_all() -> list[list[ItemResult]]:
+        # Every (benchmark, method) run at once: the pool's concurrency limit keeps `max_concurrency` calls in flight
+        # across all of them, so a member's server batches the calls of every method (one method after another left
+        # a lone member decoding one sequence on its share of the cores). A call two runs need (a member's answer
+        # alone and the coordinator's first Worker turn asking it the same) is made once, shared in flight.
+        return await asyncio.gather(*(run(*r) for r in runs))
+
     t_all = time.monotonic()
-    items = [item for r in runs for item in asyncio.run(run(*r))]
+    items = [item for done in asyncio.run(run_all()) for item in done]
     return EvalRun(items, calls, time.monotonic() - t_all)
 
 

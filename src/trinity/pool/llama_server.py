@@ -59,6 +59,9 @@ LLAMA_SAMPLERS: dict[str, float] = {"top_k": 40, "min_p": 0.05, "repeat_penalty"
 """llama-cpp-python's sampler defaults, sent with every request so that the server samples as the in-process path."""
 CACHE_REUSE_TOKENS = 256
 """`--cache-reuse`: the smallest chunk of a slot's cached prompt reused by shifting it (KV shifting)."""
+CONNECTION_RETRIES = 3
+"""More attempts for a call whose connection failed (the server closed it, e.g. a kept-alive one past its 5 s idle
+limit as the call reused it: "Cannot write to closing transport"); a call that timed out is not asked again."""
 CALL_TIMEOUT_S = 1800.0
 """One call's deadline: a local server is slow only because the CPU is busy (a 320-token reply in a full batch on
 2 cores takes minutes); a server that died is seen at once as a refused connection."""
@@ -307,7 +310,7 @@ class LlamaServerChatModel(LocalChatModel):
         if self._client is None or self._client.member.base_url != server.base_url:
             http_member = PoolMember(name=self.name, backend="openai", model=Path(self.spec.gguf).name,
                                      base_url=server.base_url, max_concurrency=self.spec.slots,
-                                     timeout_s=CALL_TIMEOUT_S, max_retries=0)
+                                     timeout_s=CALL_TIMEOUT_S, max_retries=CONNECTION_RETRIES)
             global_limit, member_limit = self._limits
             self._client = _ServerClient(self, http_member, global_limit, member_limit=member_limit)
         return self._client
@@ -343,6 +346,14 @@ class _ServerClient(OpenAICompatibleChatModel):
 
     def request(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> tuple[str, dict[str, Any]]:
         return server_request(self.local_model, messages, sampling)
+
+    async def _attempt(self, route: str, body: dict[str, Any]):
+        """A failed connection is asked again (`CONNECTION_RETRIES`); a timeout is final: a local server is slow only
+        because its CPU is busy, and asking again would only add to its queue."""
+        outcome = await super()._attempt(route, body)
+        if outcome.error is not None and outcome.error.startswith("timeout"):
+            return dataclasses.replace(outcome, give_up=True)
+        return outcome
 
 
 def server_request(model: LocalChatModel, messages: Sequence[ChatMessage],
