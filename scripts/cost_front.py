@@ -14,9 +14,9 @@ accuracy against seconds.
 The goal it checks (issue 27): a weight at which the coordinator is within 0.02 of its unweighted average at no more
 seconds per task than the best member alone (the `alone:` row with the best average on that split).
 
-    python scripts/cost_front.py [--weights 0.002,0.005,0.01,0.02] [--params params.yaml]
+    python scripts/cost_front.py [--weights 0.002,0.005,0.01,0.02] [--params params.yaml] [--out-dir reports]
 
-Writes reports/cost_front.md, reports/cost_front.json and reports/plots/cost_front.png.
+Writes cost_front.md, cost_front.json and plots/cost_front.png under reports/ (or --out-dir).
 """
 from __future__ import annotations
 
@@ -176,6 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--weights", default="0.002,0.005,0.01,0.02",
                     help="cost weights per recorded call second (comma-separated, > 0)")
     ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--out-dir", default=None,
+                    help="where cost_front.{md,json} and plots/cost_front.png go (default: reports/; after "
+                         "`make run-full`: reports/full_profile, beside that run's report)")
     a = ap.parse_args(argv)
 
     from trinity.config import load_settings
@@ -210,7 +213,8 @@ def main(argv=None) -> int:
     swept = {w: evaluate_weight(settings, paths, tasks, w) for w in weights}
     goals = [goal_check(base, {w: p["points"] for w, p in swept.items()}, split) for split in splits]
     unweighted_w = settings.reward.cost_weight
-    reports = paths.reports
+    reports = Path(a.out_dir) if a.out_dir else paths.reports
+    reports.mkdir(parents=True, exist_ok=True)
     (reports / "cost_front.md").write_text(render(base, swept, goals, splits, unweighted_w))
     write_json(reports / "cost_front.json", {"weights": weights, "unit": "seconds", "base": base,
                                              "swept": {weight_name(w): p for w, p in swept.items()}, "goals": goals})
