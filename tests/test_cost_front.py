@@ -78,6 +78,14 @@ def test_the_goal_is_a_weight_near_the_unweighted_score_at_no_more_seconds_than_
     assert unweighted["benchmarks"] == ["math500"]
 
 
+def test_the_goal_is_not_decided_where_the_unweighted_coordinator_scores_nothing(base):
+    """An unweighted average of 0 is met by a coordinator that answers nothing (a Verifier first ends the episode at
+    0 s): the check says so instead of calling it met."""
+    base = {**base, "trinity": {"in_distribution": {"score": 0.0, "s_per_task": 12.0}}}
+    g = cost_front.goal_check(base, {0.01: {"in_distribution": {"score": 0.0, "s_per_task": 0.0}}}, "in_distribution")
+    assert g["met"] is None and "answers nothing" in g["why"]
+
+
 def test_bad_weights_are_refused_before_anything_runs():
     with pytest.raises(SystemExit, match="give weights > 0"):
         cost_front.main(["--weights", "0,0.01"])
