@@ -64,18 +64,17 @@ def goal_check(base: dict, coordinator: dict[float, dict], split: str) -> dict:
     if not singles or unweighted["score"] is None:
         return {"split": split, "met": None, "why": "no scores on this split"}
     best, point = max(singles.items(), key=lambda kv: kv[1]["score"])
+    check = {"split": split, "best_member": best, "best_member_score": point["score"],
+             "best_member_s_per_task": point["s_per_task"], "unweighted_score": unweighted["score"],
+             "unweighted_s_per_task": unweighted["s_per_task"]}
     if unweighted["score"] <= GOAL_MARGIN:  # a coordinator that answers nothing (a Verifier first: 0 s) would meet it
-        return {"split": split, "met": None, "best_member": best, "best_member_score": point["score"],
-                "best_member_s_per_task": point["s_per_task"], "unweighted_score": unweighted["score"],
-                "unweighted_s_per_task": unweighted["s_per_task"],
+        return {**check, "met": None,
                 "why": f"the unweighted coordinator scores {unweighted['score']:.3f}, within {GOAL_MARGIN} of 0: "
                        "a coordinator that answers nothing would meet the goal"}
     ok = [w for w, p in sorted(coordinator.items()) if p[split]["score"] is not None
           and p[split]["score"] >= unweighted["score"] - GOAL_MARGIN
           and p[split]["s_per_task"] is not None and p[split]["s_per_task"] <= point["s_per_task"]]
-    return {"split": split, "met": bool(ok), "weights_meeting": ok, "best_member": best,
-            "best_member_score": point["score"], "best_member_s_per_task": point["s_per_task"],
-            "unweighted_score": unweighted["score"], "unweighted_s_per_task": unweighted["s_per_task"]}
+    return {**check, "met": bool(ok), "weights_meeting": ok}
 
 
 def evaluate_weight(settings, paths, tasks, w: float) -> dict:

@@ -351,7 +351,7 @@ class _ServerClient(OpenAICompatibleChatModel):
         """A failed connection is asked again (`CONNECTION_RETRIES`); a timeout is final: a local server is slow only
         because its CPU is busy, and asking again would only add to its queue."""
         outcome = await super()._attempt(route, body)
-        if outcome.error is not None and outcome.error.startswith("timeout"):
+        if outcome.timed_out:
             return dataclasses.replace(outcome, give_up=True)
         return outcome
 

@@ -120,6 +120,8 @@ class _Attempt:
     """Set when the attempt failed in a retryable way."""
     retry_after_s: float | None = None
     give_up: bool = False
+    timed_out: bool = False
+    """The call ran past its deadline (not a connection the transport mapped to a timeout)."""
     deterministic: bool = False
     """The request itself is refused (invalid, too long, filtered): the same request fails the same way, so
     the failure is a sample (stored). Everything else that fails is an outage (retried on the next run)."""
@@ -311,10 +313,10 @@ class OpenAICompatibleChatModel:
                                                   options={"timeout": timeout_s})
                     text = raw.text
         except TimeoutError:
-            return _Attempt(error=f"timeout after {timeout_s:g}s")
+            return _Attempt(error=f"timeout after {timeout_s:g}s", timed_out=True)
         except openai.APITimeoutError as e:
             if _is_real_timeout(e):
-                return _Attempt(error=f"timeout after {timeout_s:g}s")
+                return _Attempt(error=f"timeout after {timeout_s:g}s", timed_out=True)
             # The aiohttp transport maps a dropped connection to a connect *timeout*; say what happened.
             return _Attempt(error=self._clean(f"connection error: {_cause_chain(e)}"))
         except openai.APIStatusError as e:
