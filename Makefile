@@ -111,7 +111,7 @@ ablation: setup setup-sandbox
 
 # Cost-aware routing: the coordinator retrained at each reward.cost_weight (seconds) and played on the run's
 # evaluation items, against each member, the learned router and random routing: reports/cost_front.{md,json},
-# reports/plots/cost_front.png. After `make run` (it shares the run's store; resumable). COST_WEIGHTS to change them.
+# reports/cost_front.png. After `make run` (it shares the run's store; resumable). COST_WEIGHTS to change them.
 # After `make run-full`: COST_OUT=reports/full_profile keeps the front beside that run's report.
 COST_WEIGHTS ?= 0.002,0.005,0.01,0.02
 COST_OUT ?= reports

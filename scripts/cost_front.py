@@ -16,7 +16,7 @@ seconds per task than the best member alone (the `alone:` row with the best aver
 
     python scripts/cost_front.py [--weights 0.002,0.005,0.01,0.02] [--params params.yaml] [--out-dir reports]
 
-Writes cost_front.md, cost_front.json and plots/cost_front.png under reports/ (or --out-dir).
+Writes cost_front.md, cost_front.json and cost_front.png under reports/ (or --out-dir).
 """
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
                     help="cost weights per recorded call second (comma-separated, > 0)")
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--out-dir", default=None,
-                    help="where cost_front.{md,json} and plots/cost_front.png go (default: reports/; after "
+                    help="where cost_front.{md,json,png} go (default: reports/; after "
                          "`make run-full`: reports/full_profile, beside that run's report)")
     a = ap.parse_args(argv)
 
@@ -223,11 +223,11 @@ def main(argv=None) -> int:
     (reports / "cost_front.md").write_text(render(base, swept, goals, splits, unweighted_w))
     write_json(reports / "cost_front.json", {"weights": weights, "unit": "seconds", "base": base,
                                              "swept": {weight_name(w): p for w, p in swept.items()}, "goals": goals})
-    plot(base, swept, splits, unweighted_w, reports / "plots" / "cost_front.png")
+    plot(base, swept, splits, unweighted_w, reports / "cost_front.png")
     for g in goals:
         print(f"[cost-front] {g['split']}: goal {'met' if g['met'] else 'not met' if g['met'] is False else 'n/a'}"
               + (f" at {g['weights_meeting']}" if g.get("weights_meeting") else ""), flush=True)
-    print(f"[cost-front] wrote {reports / 'cost_front.md'}, cost_front.json, plots/cost_front.png")
+    print(f"[cost-front] wrote {reports / 'cost_front.md'}, cost_front.json, cost_front.png")
     return 0
 
 
