@@ -17,7 +17,7 @@ token with its threads meeting at a barrier after every operation, so more threa
 thread waiting for a sibling the OS has not scheduled. The figure: tokens/s of the first setting over the last.
 
 Usage: .venv/bin/python bench/local_engines.py [--requests 32] [--settings auto,2,in-process] [--store PATH]
-       [--params PATH] [--any-engine]
+       [--params PATH] [--members NAME,...] [--any-engine]
 Last line: one JSON object (DESIGN.md's bench format).
 """
 from __future__ import annotations
@@ -50,12 +50,19 @@ def main() -> int:
     ap.add_argument("--settings", default="auto,2,in-process")
     ap.add_argument("--store", type=Path, default=ROOT / "data" / "store" / "trinity.duckdb")
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
+    ap.add_argument("--members", default="", help="only these members' requests (comma-separated names; '' = every "
+                    "member): e.g. one model working alone, as in the evaluation's tail")
     ap.add_argument("--any-engine", action="store_true",
                     help="also requests the store got from another engine (e.g. a store of the in-process engine)")
     args = ap.parse_args()
 
     settings = load_settings(args.params)
-    requests = stored_requests(args.store, build_pool(settings.pool, None), args.requests, args.any_engine)
+    members = {m for m in args.members.split(",") if m}
+    unknown = members - {m.name for m in settings.pool.members}
+    if unknown:
+        print(f"--members: no member {sorted(unknown)} in {args.params}", file=sys.stderr)
+        return 2
+    requests = stored_requests(args.store, build_pool(settings.pool, None), args.requests, args.any_engine, members)
     if not requests:
         print(f"no stored request of this pool in {args.store}: run the pipeline first", file=sys.stderr)
         return 1

@@ -32,10 +32,11 @@ ROLES = ("worker", "thinker", "verifier")
 StoredRequest = tuple[int, str, list[ChatMessage], SamplingParams, str]  # member index, role, messages, sampling, reply
 
 
-def stored_requests(store_path: Path, pool, n: int, any_engine: bool = False) -> list[StoredRequest]:
+def stored_requests(store_path: Path, pool, n: int, any_engine: bool = False,
+                    members: set[str] | None = None) -> list[StoredRequest]:
     """(member index, role, messages, sampling, stored reply) of the first `n` ok requests this pool made (any_engine:
-    also those its members' weights answered with other settings or another engine). The MT-Bench judge's calls
-    (role "judge") are left out."""
+    also those its members' weights answered with other settings or another engine; members: only these members'
+    requests, by name). The MT-Bench judge's calls (role "judge") are left out."""
     by_model = {m.model_id: i for i, m in enumerate(pool.members)}
     with Store(store_path, read_only=True) as store:
         rows = store.con.execute("SELECT key, model_id, role, messages, sampling, text FROM responses WHERE ok "
@@ -43,7 +44,7 @@ def stored_requests(store_path: Path, pool, n: int, any_engine: bool = False) ->
     out = []
     for key, model_id, role, messages, sampling, text in rows:
         idx = by_model.get(model_id)
-        if idx is None or role not in ROLES:
+        if idx is None or role not in ROLES or (members and pool.members[idx].name not in members):
             continue
         msgs = [ChatMessage(r, c) for r, c in json.loads(messages)]
         if not any_engine and pool.key(idx, msgs, role) != key:

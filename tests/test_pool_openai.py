@@ -307,6 +307,25 @@ def test_global_concurrency_limit(api_key, transport):
         assert srv.max_in_flight == 4
 
 
+def test_a_calls_seconds_leave_out_its_wait_for_a_free_slot(api_key, transport):
+    """latency_s is what a call cost the endpoint, not how long it queued behind the pool's own limits: with one slot
+    and three calls at once the third waits two calls' time, yet records about one (the evaluation's seconds per task
+    and the cost-aware reward read this figure)."""
+    with FakeOpenAIServer(latency_s=0.4) as srv:
+        async def run():
+            m = OpenAICompatibleChatModel(member(srv, max_concurrency=1), transport=transport)
+            try:
+                t0 = time.monotonic()
+                rs = await asyncio.gather(*(m.chat(ask(f"q{i}"), SamplingParams()) for i in range(3)))
+                return rs, time.monotonic() - t0
+            finally:
+                await m.aclose()
+        rs, wall = asyncio.run(run())
+        assert all(r.ok for r in rs) and srv.max_in_flight == 1
+        assert wall >= 1.2
+        assert all(0.4 <= r.latency_s < 0.75 for r in rs), [r.latency_s for r in rs]
+
+
 # -- the secret test -------------------------------------------------------------------------------
 def test_api_key_never_leaks(server, api_key, transport, caplog, capfd):
     """Plant a key, log everything at DEBUG (ours, openai, httpx2/httpcore2 and their legacy names), run

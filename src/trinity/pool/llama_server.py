@@ -316,9 +316,11 @@ class LlamaServerChatModel(LocalChatModel):
         return self._client
 
     async def chat(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
-        """One call; the server is started on first use (and again if it died: then the call is asked once more)."""
+        """One call; the server is started on first use (and again if it died: then the call is asked once more).
+        Its `latency_s` is the server's time on it (the client's: waits for a free slot left out), not the start."""
         t0 = time.monotonic()
         resp: ChatResponse | None = None
+        served_s = 0.0
         for _ in range(2):
             try:
                 server = await asyncio.to_thread(LLAMA_SERVERS.get, self.spec)
@@ -326,10 +328,11 @@ class LlamaServerChatModel(LocalChatModel):
                 return ChatResponse(text="", ok=False, error=str(e), failure="transient", model=self.model_id,
                                     latency_s=time.monotonic() - t0)
             resp = await self._client_of(server).chat(messages, sampling)
+            served_s += resp.latency_s
             if resp.ok or resp.failure == "deterministic" or server.alive():
                 break
         assert resp is not None
-        return dataclasses.replace(resp, model=self.model_id, latency_s=time.monotonic() - t0)
+        return dataclasses.replace(resp, model=self.model_id, latency_s=served_s)
 
     def generate(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
         """The blocking call, for a caller without an event loop."""

@@ -157,8 +157,8 @@ class LocalChatModel:
             from llama_cpp import LlamaGrammar
 
             constrained["grammar"] = LlamaGrammar.from_string(grammar_text, verbose=False)
-        t0 = time.perf_counter()
         with lock:
+            t0 = time.perf_counter()  # the model's time on this call: the wait for the model's lock left out
             # Evaluate every prompt from a clean context: reusing the previous call's KV prefix changes the
             # batch layout and, through float rounding, can change a sampled token. A stored response must
             # be exactly what a fresh process would produce (resume = uninterrupted run).

@@ -125,6 +125,9 @@ class _Attempt:
     deterministic: bool = False
     """The request itself is refused (invalid, too long, filtered): the same request fails the same way, so
     the failure is a sample (stored). Everything else that fails is an outage (retried on the next run)."""
+    queued_s: float = 0.0
+    """Seconds this attempt waited for a free slot of the pool's own limits before it was sent: the pool's queue,
+    not the endpoint's time, so it is left out of the call's `latency_s`."""
 
 
 class OpenAICompatibleChatModel:
@@ -255,10 +258,12 @@ class OpenAICompatibleChatModel:
         attempts = 0
         last_error = "no attempt made"
         deterministic = False
+        queued_s = 0.0
         result: ChatResponse | None = None
         for attempt in range(self.member.max_retries + 1):
             attempts += 1
             outcome = await self._attempt(route, body)
+            queued_s += outcome.queued_s
             if outcome.response is not None:
                 result = outcome.response
                 break
@@ -276,7 +281,9 @@ class OpenAICompatibleChatModel:
             result = ChatResponse(text="", ok=False, error=reason, model=self.model_id,
                                   failure="deterministic" if deterministic else "transient")
             log.warning("pool member %s: call failed: %s", self.name, reason)
-        result = dataclasses.replace(result, latency_s=time.monotonic() - t0)
+        # The call's seconds: from the first attempt to the reply, retries and their backoff included, the waits for a
+        # free slot of the pool's own limits left out (with many calls queued those can be hours, not model time).
+        result = dataclasses.replace(result, latency_s=max(0.0, time.monotonic() - t0 - queued_s))
         self._account(result, attempts)
         return result
 
@@ -299,19 +306,26 @@ class OpenAICompatibleChatModel:
 
     # -- internals -------------------------------------------------------------------------------
     async def _attempt(self, route: str, body: dict[str, Any]) -> _Attempt:
+        """One attempt, sent once a slot of the member's and the pool's limits is free (the wait is `queued_s`)."""
+        global_limit = self._global_limit.get() if isinstance(self._global_limit, LoopLocalSemaphore) \
+            else self._global_limit
+        waited_from = time.monotonic()
+        async with self._local_limit.get(), (global_limit or contextlib.nullcontext()):
+            queued_s = time.monotonic() - waited_from
+            outcome = await self._send(route, body)
+        return dataclasses.replace(outcome, queued_s=queued_s)
+
+    async def _send(self, route: str, body: dict[str, Any]) -> _Attempt:
         timeout_s = self.member.timeout_s
         try:
-            global_limit = self._global_limit.get() if isinstance(self._global_limit, LoopLocalSemaphore) \
-                else self._global_limit
-            async with self._local_limit.get(), (global_limit or contextlib.nullcontext()):
-                async with asyncio.timeout(timeout_s):
-                    # The SDK's generic `post` (its documented way to call any route) rather than the typed
-                    # `chat.completions.create`: we build and parse the body ourselves (compatible servers
-                    # differ in what they accept and return), and it skips the SDK's per-call transform
-                    # of typed params (~1 ms of CPU per request, which caps throughput at high concurrency).
-                    raw = await self._client.post(route, cast_to=httpx2.Response, body=body,
-                                                  options={"timeout": timeout_s})
-                    text = raw.text
+            async with asyncio.timeout(timeout_s):
+                # The SDK's generic `post` (its documented way to call any route) rather than the typed
+                # `chat.completions.create`: we build and parse the body ourselves (compatible servers
+                # differ in what they accept and return), and it skips the SDK's per-call transform
+                # of typed params (~1 ms of CPU per request, which caps throughput at high concurrency).
+                raw = await self._client.post(route, cast_to=httpx2.Response, body=body,
+                                              options={"timeout": timeout_s})
+                text = raw.text
         except TimeoutError:
             return _Attempt(error=f"timeout after {timeout_s:g}s", timed_out=True)
         except openai.APITimeoutError as e:
