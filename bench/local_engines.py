@@ -36,6 +36,7 @@ from learnability import _commit, _cpu_kind  # noqa: E402
 from stored_replay import replay, stored_requests  # noqa: E402
 
 from trinity.config import load_settings  # noqa: E402
+from trinity.pool.llama_server import SERVER_OMP_ENV  # noqa: E402
 from trinity.pool.runtime import build_pool  # noqa: E402
 
 
@@ -86,7 +87,7 @@ def main() -> int:
         "compared_to": f"the same {len(requests)} stored requests through each setting ({args.settings}), fresh "
                        f"servers or models each, same run",
         "detail": {"per_setting": results, "requests": len(requests), "concurrency": settings.pool.max_concurrency,
-                   "commit": _commit(), "cpu": _cpu_kind()}}))
+                   "servers_omp_env": SERVER_OMP_ENV, "commit": _commit(), "cpu": _cpu_kind()}}))
     return 0
 
 

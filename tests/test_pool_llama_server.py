@@ -86,6 +86,10 @@ def test_chat_base_model_and_verdict_requests_through_the_server():
     assert "\n\nQuestion:" not in base.text  # the stop string cuts a base model's next invented question
     assert verdict.text.rstrip().splitlines()[-1] in ("Verdict: ACCEPT", "Verdict: REJECT")
     assert LLAMA_SERVERS.starts[starts:] == ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"]
+    for server in LLAMA_SERVERS.running():  # waiting threads sleep: not this process's spinning encoder setting
+        environ = dict(kv.split("=", 1) for kv in
+                       Path(f"/proc/{server.proc.pid}/environ").read_text().split("\0") if "=" in kv)
+        assert environ["GOMP_SPINCOUNT"] == "0" and environ["OMP_WAIT_POLICY"] == "PASSIVE"
 
     in_process = pool_of(SMOL, local_engine="in-process")
     same = asyncio.run(in_process.complete(0, QUESTION))
@@ -196,21 +200,23 @@ def test_a_missing_server_build_is_a_config_error_naming_the_fix(monkeypatch, tm
 
 def test_the_cores_are_split_between_the_served_models(monkeypatch):
     """Every server decodes while the others do (a generation keeps calls to every member in flight): the usable
-    cores are shared out, at least one thread each; a member's own n_threads and in-process members are left alone,
-    and the settings themselves keep n_threads unset (no machine's core count in a run's identity)."""
+    cores are shared out, at least two threads each (a server left working alone uses two cores) and never more than
+    the cores; a member's own n_threads and in-process members are left alone, and the settings themselves keep
+    n_threads unset (no machine's core count in a run's identity)."""
     from trinity.pool import llama_server
 
     members = [SMOL, GEMMA, {**SMOL, "name": "smol-hot", "temperature": 0.9},  # same GGUF: one server's share
                {**SMOL, "name": "qwen", "model": "qwen2.5-coder-0.5b-instruct", "n_threads": 3},
                {**GEMMA, "name": "gemma-ip", "model": "qwen2.5-coder-1.5b-instruct", "engine": "in-process"}]
     settings = PoolSettings.model_validate({"members": members})
-    for cores, share in ((2, 1), (8, 2), (16, 5)):
+    for cores, share in ((1, 1), (2, 2), (4, 2), (8, 2), (16, 5)):
         monkeypatch.setattr(llama_server, "usable_cores", lambda c=cores: c)
         budget = llama_server.with_thread_budget(settings)
         assert [m.n_threads for m in budget.members] == [share, share, share, 3, None], cores
     assert all(m.n_threads is None for m in settings.members if m.name != "qwen")
     pool = build_pool(settings, None)
-    assert pool.settings[0].n_threads == pool.members[0].spec.threads == max(1, llama_server.usable_cores() // 3)
+    cores = llama_server.usable_cores()
+    assert pool.settings[0].n_threads == pool.members[0].spec.threads == min(cores, max(2, cores // 3))
 
 
 def test_a_finished_event_loop_closes_its_clients(capfd):

@@ -95,7 +95,8 @@ class PoolMember(_Section):
     fresh runs (docs/benchmarks.md, "Local engine"). Unset here: `pool.local_engine`."""
     n_threads: int | None = None
     """Local members: CPU threads. Unset: in process 2 per model; llama-server the cores this process may use, split
-    between the models the pool serves (`trinity.pool.llama_server.with_thread_budget`: 1 each on 2 cores)."""
+    between the models the pool serves, at least 2 each (`trinity.pool.llama_server.with_thread_budget`: 2 each on
+    2 cores, their waiting threads asleep)."""
     n_ctx: int = 4096
     """Local members: context window (tokens) of one call (per slot, for llama-server)."""
     prompt_style: Literal["chat", "completion"] = "chat"

@@ -66,6 +66,18 @@ CALL_TIMEOUT_S = 1800.0
 """One call's deadline: a local server is slow only because the CPU is busy (a 320-token reply in a full batch on
 2 cores takes minutes); a server that died is seen at once as a refused connection."""
 START_TIMEOUT_S = 300.0
+SPINCOUNT_ENV = "TRINITY_LLAMA_SERVER_SPINCOUNT"
+"""The servers' `GOMP_SPINCOUNT` instead of 0 (e.g. on a machine with a core per server thread to spare)."""
+SERVER_OMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": os.environ.get(SPINCOUNT_ENV, "0")}
+"""The OpenMP settings every server runs with. llama.cpp's CPU build has a server's threads meet at an OpenMP barrier
+after every operation; with these a thread that waits there sleeps at once instead of spinning (this process keeps
+`GOMP_SPINCOUNT=1000000` for the torch encoder, which servers would otherwise inherit). Servers share the cores, and
+a spinning waiter holds the core its sibling needs: measured on 2 cores with 4 servers busy, 2 threads each decode
+40.2 tok/s sleeping against 13.8 spinning (1 thread each: 37.7), docs/benchmarks.md "Local engine"."""
+MIN_SERVER_THREADS = 2
+"""A server's threads when the pool's share of the cores would give it fewer (`with_thread_budget`): with waiting
+threads asleep, sharing costs little while every server is busy, and a server left working alone (the evaluation's
+tail) uses two cores, not one."""
 STOP_GRACE_S = 15.0
 
 
@@ -108,14 +120,17 @@ def usable_cores() -> int:
 
 def with_thread_budget(pool: PoolSettings) -> PoolSettings:
     """`pool` with the threads of every llama-server member that sets none (`n_threads`) filled in: the usable cores
-    split evenly between the models the pool serves, at least one thread each. A generation keeps calls to every
-    member in flight, so the servers decode at the same time; more threads than cores in all would have each server
-    wait at every operation's barrier for a thread the OS has not scheduled (measured: docs/benchmarks.md, "Local
-    engine"). Runtime only: the settings' own `n_threads` stays unset (no machine's core count in a run's identity)."""
+    split evenly between the models the pool serves, but at least `MIN_SERVER_THREADS` each (never more than the
+    cores). A generation keeps calls to every member in flight, so the servers decode at the same time, and an
+    evaluation ends with one model's work left: on 2 cores and 4 models each server gets both cores, its waiting
+    threads asleep (`SERVER_OMP_ENV`), so that the last busy server is not held to one core while the other idles
+    (measured: docs/benchmarks.md, "Local engine"). Runtime only: the settings' own `n_threads` stays unset (no
+    machine's core count in a run's identity)."""
     served = {m.model for m in pool.members if m.backend == "local" and m.engine == "llama-server"}
     if not served:
         return pool
-    threads = max(1, usable_cores() // len(served))
+    cores = usable_cores()
+    threads = min(cores, max(MIN_SERVER_THREADS, cores // len(served)))
     return pool.model_copy(update={"members": [
         m.model_copy(update={"n_threads": threads})
         if m.backend == "local" and m.engine == "llama-server" and m.n_threads is None else m
@@ -195,6 +210,7 @@ class ServerProcess:
             with open(self.log_path, "ab") as log:
                 self.proc = _LAUNCHER.submit(
                     subprocess.Popen, cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env={**os.environ, **SERVER_OMP_ENV},
                     preexec_fn=_die_with_parent if _PRCTL is not None else None).result()
             try:
                 self._wait_healthy()
