@@ -181,7 +181,9 @@ def _compute_notes(results: EvalResults) -> str:
         "Per task = per item of the split's benchmarks named in the heading (every item weighs the same; an MT-Bench "
         "item is its whole conversation, both turns). Tokens: prompt + completion of every pool call of the item "
         "(the MT-Bench judge not included); seconds: the summed latency of those calls as recorded when they were "
-        "paid (a stored reply keeps its original figure); mean turns: pool turns per item; new LLM calls: calls "
+        "paid, from a free slot of the pool's limits to the reply (a stored reply keeps its original figure; one "
+        "paid before commit 835f365 counts its wait for the slot too); mean turns: pool turns per item; new LLM "
+        "calls: calls "
         "not already in the response store when this run asked, summed over the split's benchmarks. "
         f"This evaluation made {pool_calls} new pool calls ({store_hits} "
         f"store hits) in {minutes}. The oracle is left out: it makes no calls of its own.")
