@@ -53,6 +53,8 @@ class RequestRecord:
     """For 429 modes: the earliest time (time.time()) a well-behaved client may send its next request."""
     response_format: Any = None
     """The request's `response_format` (structured outputs), as sent; None when absent."""
+    max_tokens: int | None = None
+    """The request's completion cap (`max_tokens`, else `max_completion_tokens`), as sent; None when absent."""
 
 
 def usage_for(messages: list[dict[str, Any]], reply: str) -> tuple[int, int]:
@@ -84,9 +86,13 @@ class FakeOpenAIServer:
         latency_s: float = 0.0,
         hang_s: float = 30.0,
         reply: Any = None,
+        honour_max_tokens: bool = False,
     ) -> None:
         self.reply = reply or reply_for
         """messages → reply text for `ok` answers (default: echo the last message)."""
+        self.honour_max_tokens = honour_max_tokens
+        """`ok` replies longer than the request's max_tokens are cut there (4 characters a token), with
+        finish_reason "length", as a real server does (off: the reply is whole, whatever the cap)."""
         self.script = list(script or [])
         self.scripts = {k: list(v) for k, v in (scripts or {}).items()}
         self.default_mode = default_mode
@@ -224,6 +230,7 @@ class _Handler(BaseHTTPRequestHandler):
                                      self.headers.get("Authorization") or "")
         self._rec = rec
         rec.response_format = body.get("response_format")
+        rec.max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         try:
             if not self.path.rstrip("/").endswith("/chat/completions"):
                 self._json(404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}})
@@ -304,8 +311,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _ok(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
         text = self.fake.reply(messages)
         pt, ct = usage_for(messages, text)
+        cap = body.get("max_tokens") or body.get("max_completion_tokens")
+        cut = self.fake.honour_max_tokens and isinstance(cap, int) and ct > cap
+        if cut:
+            text, ct = text[: cap * 4], cap
         self.fake._bill(pt, ct)
-        self._json(200, _completion(body, messages, pt, ct, text))
+        payload = _completion(body, messages, pt, ct, text)
+        if cut:
+            payload["choices"][0]["finish_reason"] = "length"
+        self._json(200, payload)
 
     def _json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         self._raw(status, json.dumps(payload).encode(), headers)

@@ -628,3 +628,28 @@ def test_tally_counts_each_callers_own_calls_and_a_call_shared_in_flight_once():
     assert first.store_hits + second.store_hits == pool.stats.store_hits
     assert first.completion_tokens + second.completion_tokens == pool.stats.completion_tokens == 18
     assert first.calls_by_model == {"slow": 4}
+
+
+def test_a_capped_view_caps_answers_only_and_shares_the_pools_store_and_stats(api_key, tmp_path):
+    """`Pool.answers_capped`: Worker and direct calls get the cap (the member's own lower cap still wins), Thinker
+    and Verifier keep theirs; the capped requests have keys of their own; store, stats and in-flight calls are
+    the pool's."""
+    from trinity.pool.runtime import build_pool
+    from trinity.store import Store
+
+    with FakeOpenAIServer(honour_max_tokens=True) as srv, Store(tmp_path / "s.duckdb") as store:
+        settings = PoolSettings(members=[member(srv, max_tokens=100), member(srv, name="small", max_tokens=4)])
+        pool = build_pool(settings, store, {"thinker": 32, "verifier": 16})
+        capped = pool.answers_capped(10)
+        assert [capped.sampling(0, r).max_tokens for r in (None, "worker", "thinker", "verifier")] == [10, 10, 32, 16]
+        assert capped.sampling(1, "worker").max_tokens == 4 and pool.sampling(0, "worker").max_tokens == 100
+        q = [ChatMessage("user", "x" * 200)]
+        assert capped.key(0, q, "worker") != pool.key(0, q, "worker")
+        assert capped.key(0, q, "thinker") == pool.key(0, q, "thinker")
+        r = asyncio.run(capped.complete(0, q, "worker"))
+        assert srv.records[-1].max_tokens == 10 and r.completion_tokens == 10
+        assert pool.stats.calls_made == 1 and store.get_response(capped.key(0, q, "worker")) is not None
+        assert asyncio.run(pool.complete(0, q, "worker")).completion_tokens > 10  # the pool itself is not capped
+        for bad in (0, -1, 2.5, True):
+            with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
+                pool.answers_capped(bad)

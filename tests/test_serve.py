@@ -1,7 +1,8 @@
 """`trinity serve` end to end: a real server process on 127.0.0.1 (started by the test through the CLI), the real
 bundled encoder (SmolLM2-135M), a checkpoint written by the real `save_checkpoint`, pool members served over real
-HTTP by tests/fake_openai_server.py (fast, and failing on demand), and the official `openai` client (sync, async,
-streaming); raw HTTP for the error cases.
+HTTP by tests/fake_openai_server.py (fast, failing on demand, and cutting replies at the request's max_tokens),
+and the clients users run: the official `openai` client (sync, async, streaming), LangChain's `ChatOpenAI` and
+LiteLLM (plain and streaming, with and without sampling fields); raw HTTP for the error cases.
 
 The checkpoint's head reads only the bias feature of a standardising feature map (mean 0, scale 1), so its picks
 are known: member `alpha` every turn, role Thinker unless forced. The fake Thinker always suggests a Worker, so an
@@ -128,7 +129,7 @@ class ServerProcess:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     replies = PoolReplies()
-    fake = FakeOpenAIServer(reply=replies).start()
+    fake = FakeOpenAIServer(reply=replies, honour_max_tokens=True).start()
     d = tmp_path_factory.mktemp("serve")
     params = write_params(d / "params.yaml", fake.base_url)
     write_checkpoint(d / "checkpoints" / "coordinator")
@@ -262,10 +263,21 @@ ERROR_CASES = [
     ({"model": "trinity", "messages": "hi"}, 400, "invalid_messages", "messages"),
     ({"messages": [{"role": "user", "content": "hi"}]}, 400, "missing_model", "model"),
     ({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found", "model"),
-    ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2}, 400,
-     "unsupported_parameter", "temperature"),
     ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400,
      "unsupported_parameter", "tools"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"}, 400,
+     "unsupported_parameter", "tool_choice"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}}, 400,
+     "unsupported_parameter", "response_format"),
+    ({"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400,
+     "unsupported_parameter", "logprobs"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400,
+     "invalid_value", "max_tokens"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": "10"}, 400,
+     "invalid_value", "max_completion_tokens"),
+    ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400,
+     "invalid_value", "stream"),
     ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "unsupported_parameter", "n"),
     ({"model": "trinity", "messages": [{"role": "user", "content": "hi"}], "answer_format": "essay"}, 400,
      "invalid_value", "answer_format"),
@@ -290,6 +302,9 @@ def test_bad_requests_get_openai_shaped_errors_with_the_right_status(setup):
             err = r.json()["error"]
             assert (err["code"], err["param"]) == (code, param), (body, err)
             assert err["message"] and err["type"] == "invalid_request_error"
+            assert r.headers["x-should-retry"] == "false"  # the OpenAI SDKs would otherwise retry a 5xx
+            if code in ("invalid_value", "unsupported_parameter", "missing_model"):
+                assert f"'{param}'" in err["message"], err  # the message names the field
         chunked = http.post("/chat/completions", content=iter([b"x" * 3000, b"x" * 3000]))  # no Content-Length
         assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
         assert http.get("/nowhere").json()["error"]["code"] == "not_found"
@@ -317,6 +332,11 @@ def test_a_pool_failure_is_a_502_naming_the_member_and_the_reason(setup, client)
         err = r.json()["error"]
         assert err["members"] == [{"member": "broken", "reason": "http 503: upstream failure 503"}]
         assert "'broken'" in err["message"] and "503" in err["message"] and err["code"] == "pool_failure"
+        assert r.headers["x-should-retry"] == "true"  # an outage: asking again may succeed
+
+        _fail_next(fake, "fake-a", ["400"])  # a deterministic failure: asking again gives the same
+        r = http.post("/chat/completions", json={"model": "alpha", "messages": [{"role": "user", "content": "long"}]})
+        assert r.status_code == 502 and r.headers["x-should-retry"] == "false", r.text
 
         q = "What is 43 minus 1?"
         _fail_next(fake, "fake-a", ["503"] * 3)
@@ -324,7 +344,8 @@ def test_a_pool_failure_is_a_502_naming_the_member_and_the_reason(setup, client)
         assert r.status_code == 502, r.text
         err = r.json()["error"]
         assert {m["member"] for m in err["members"]} == {"alpha"} and "upstream failure 503" in err["message"]
-        assert [t["ok"] for t in err["trinity"]["turns"]] == [False] * 3
+        assert [(t["ok"], t["failure"]) for t in err["trinity"]["turns"]] == [(False, "transient")] * 3
+        assert r.headers["x-should-retry"] == "true"
     # an outage is not stored: asked again, the same conversation is answered
     assert client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q}]) \
         .choices[0].message.content == worker_reply(q)
@@ -334,6 +355,117 @@ def test_a_pool_failure_is_a_502_naming_the_member_and_the_reason(setup, client)
                                             messages=[{"role": "user", "content": "What is 44 minus 2?"}])
     with pytest.raises(openai.APIError, match="alpha"):
         list(stream)
+
+
+def test_health_needs_no_key_and_names_what_is_served(setup):
+    r = httpx.get(setup["server"].base_url.removesuffix("/v1") + "/health", timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "ok" and body["models"] == ["trinity", *MEMBERS] and body["checkpoint"]
+    assert API_KEY not in r.text
+
+
+def test_sampling_fields_are_ignored_and_named_and_max_tokens_caps_the_answer(setup, client):
+    fake = setup["fake"]
+    q = "What is 39 plus 3?"
+    raw = client.chat.completions.with_raw_response.create(
+        model="trinity", messages=[{"role": "user", "content": q}], temperature=0.1, top_p=0.5, seed=7, stop=["\n"],
+        user="someone", presence_penalty=0.5, extra_body={"top_k": 5})
+    assert raw.headers["x-trinity-ignored-fields"] == "presence_penalty,seed,stop,temperature,top_k,top_p,user"
+    sampled = raw.parse()
+    plain = client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q}])
+    assert "x-trinity-ignored-fields" not in client.chat.completions.with_raw_response.create(
+        model="trinity", messages=[{"role": "user", "content": q}]).headers
+    assert sampled.choices[0].message.content == worker_reply(q) and sampled.id == plain.id  # they changed nothing
+    assert plain.choices[0].finish_reason == "stop" and "max_tokens" not in plain.model_extra["trinity"]
+
+    q2 = "What is 45 minus 3?"
+    n0 = len(fake.records)
+    capped = client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q2}], max_tokens=3)
+    # the Worker's answer is capped; the Thinker turns keep their own cap (32)
+    assert [(r.model, r.max_tokens) for r in fake.records[n0:]] == [("fake-a", 32), ("fake-a", 3), ("fake-a", 32)]
+    assert capped.choices[0].message.content == worker_reply(q2)[:12] and capped.choices[0].finish_reason == "length"
+    tr = capped.model_extra["trinity"]
+    assert tr["max_tokens"] == 3 and tr["finish_reason"] == "length"
+    assert [t["finish_reason"] for t in tr["turns"]] == ["stop", "length", "stop"]
+    # the smaller of max_tokens and max_completion_tokens; a cap above the member's answer changes nothing
+    both = client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q2}], max_tokens=50,
+                                          max_completion_tokens=3)
+    assert both.id == capped.id and len(fake.records) == n0 + 3  # the same episode, from the store
+    roomy = client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q2}],
+                                           max_completion_tokens=400)
+    assert roomy.choices[0].message.content == worker_reply(q2) and roomy.choices[0].finish_reason == "stop"
+
+    chunks = list(client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q2}],
+                                                 max_tokens=3, stream=True))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+
+    d = client.chat.completions.create(model="beta", messages=[{"role": "user", "content": "hello capped beta"}],
+                                       max_completion_tokens=2)
+    assert fake.records[-1].max_tokens == 2 and d.choices[0].finish_reason == "length"
+    assert d.choices[0].message.content == worker_reply("hello capped beta")[:8]
+
+
+def test_langchain_chat_openai_plain_streaming_and_what_it_cannot_bind(setup):
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel
+
+    url = setup["server"].base_url
+    q = "What is 30 plus 12?"
+    for kwargs in ({}, {"temperature": 0.2, "max_tokens": 256, "top_p": 0.9}):
+        llm = ChatOpenAI(model="trinity", base_url=url, api_key=API_KEY, max_retries=0, timeout=120, **kwargs)
+        msg = llm.invoke(q)
+        assert msg.content == worker_reply(q) and msg.response_metadata["finish_reason"] == "stop", kwargs
+        assert msg.usage_metadata["total_tokens"] > 0
+        streamed = list(llm.stream(q))
+        assert "".join(c.content for c in streamed) == worker_reply(q), kwargs
+        print(f"langchain ChatOpenAI({kwargs}).invoke({q!r}) -> {msg.content!r} {msg.response_metadata}",
+              file=sys.stderr)
+    member = ChatOpenAI(model="beta", base_url=url, api_key=API_KEY, max_retries=0, timeout=120, max_tokens=2)
+    cut = member.invoke("hello langchain")
+    assert cut.content == worker_reply("hello langchain")[:8] and cut.response_metadata["finish_reason"] == "length"
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    class Answer(BaseModel):
+        value: int
+
+    llm = ChatOpenAI(model="trinity", base_url=url, api_key=API_KEY, max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError, match="'tools' is not supported"):
+        llm.bind_tools([add]).invoke(q)
+    with pytest.raises(openai.BadRequestError, match="'response_format' is not supported"):
+        llm.with_structured_output(Answer).invoke(q)
+    with pytest.raises(openai.BadRequestError, match="'tools' is not supported"):
+        llm.with_structured_output(Answer, method="function_calling").invoke(q)
+
+
+def test_litellm_plain_and_streaming_with_and_without_sampling_fields(setup, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the price list from the internet
+    import litellm
+
+    url = setup["server"].base_url
+    q = "What is 31 plus 11?"
+    for kwargs in ({}, {"temperature": 0.2, "max_tokens": 256, "seed": 3}):
+        r = litellm.completion(model="openai/trinity", api_base=url, api_key=API_KEY, num_retries=0, timeout=120,
+                               messages=[{"role": "user", "content": q}], **kwargs)
+        assert r.choices[0].message.content == worker_reply(q) and r.choices[0].finish_reason == "stop", kwargs
+        assert r.usage.total_tokens > 0
+        stream = litellm.completion(model="openai/trinity", api_base=url, api_key=API_KEY, num_retries=0,
+                                    timeout=120, messages=[{"role": "user", "content": q}], stream=True, **kwargs)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == worker_reply(q), kwargs
+        print(f"litellm.completion(openai/trinity, {kwargs}) -> {r.choices[0].message.content!r} "
+              f"finish={r.choices[0].finish_reason} usage={r.usage.total_tokens}", file=sys.stderr)
+    cut = litellm.completion(model="openai/beta", api_base=url, api_key=API_KEY, num_retries=0, timeout=120,
+                             messages=[{"role": "user", "content": "hello litellm"}], max_tokens=2)
+    assert cut.choices[0].finish_reason == "length"
+    with pytest.raises(litellm.BadRequestError, match="tools"):
+        litellm.completion(model="openai/trinity", api_base=url, api_key=API_KEY, num_retries=0, timeout=120,
+                           messages=[{"role": "user", "content": q}],
+                           tools=[{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}])
 
 
 def test_direct_member_calls_bypass_the_coordinator_and_are_stored(setup, client):
@@ -434,3 +566,31 @@ def test_message_lists_map_onto_tasks():
         with pytest.raises(ConversationError) as e:
             task_from_messages(bad)
         assert e.value.param == param, bad
+
+
+def test_failures_that_would_repeat_tell_clients_not_to_retry():
+    """(No server.) `x-should-retry`: false for no answer and a member's deterministic failure, true for an
+    outage; a finish_reason for the answer's turn."""
+    from trinity.records import ChatResponse, Task
+    from trinity.serving.conversation import EpisodeResult, TurnRecord
+    from trinity.serving.server import episode_error
+
+    task = Task(id="chat/1", source="chat", prompt=("hi",), grader="judge")
+
+    def result(*turns, answer=None):
+        return EpisodeResult(episode_id="ep-1", task=task, turns=list(turns), answer=answer, answered_by=None,
+                             verifier_first=not turns, episode_s=0.1, checkpoint="c", answer_format="free")
+
+    outage = TurnRecord.of(0, "a", "worker", ChatResponse("", ok=False, error="http 503", failure="transient"),
+                           False, 64)
+    refused = TurnRecord.of(0, "a", "worker", ChatResponse("", ok=False, error="too long", failure="deterministic"),
+                            False, 64)
+    assert episode_error(result()).headers()["x-should-retry"] == "false"
+    assert episode_error(result()).status == 500 and episode_error(result()).code == "no_answer"
+    assert episode_error(result(outage)).headers()["x-should-retry"] == "true"
+    assert episode_error(result(refused)).headers()["x-should-retry"] == "false"
+    assert episode_error(result(refused, outage)).headers()["x-should-retry"] == "true"
+    cut = TurnRecord.of(1, "a", "worker", ChatResponse("abc", completion_tokens=64), False, 64)
+    whole = TurnRecord.of(1, "a", "worker", ChatResponse("abc", completion_tokens=63), False, 64)
+    assert result(cut, answer="abc").finish_reason == "length" and result(whole, answer="abc").finish_reason == "stop"
+    assert (outage.finish_reason, outage.failure) == (None, "transient")

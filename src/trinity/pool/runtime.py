@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import copy
 import sys
 import time
 from collections import Counter
@@ -153,6 +154,20 @@ class Pool:
                 temperature=s.temperature, top_p=s.top_p, max_tokens=min(s.max_tokens, cap) if cap else s.max_tokens,
                 seed=0, output_format=ROLE_OUTPUT_FORMAT.get(role or ""))
         return sp
+
+    def answers_capped(self, max_tokens: int) -> "Pool":
+        """This pool with every answer capped at `max_tokens` completion tokens: Worker turns and direct calls
+        (role None); Thinker and Verifier turns keep their own caps, and a member's own lower cap still applies.
+        Members, store, limits, executor, in-flight calls, stats and observers are shared; only the sampling of
+        the capped requests (and so their store keys) differs. Serving honours a client's `max_tokens` with it."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        view = copy.copy(self)
+        caps = dict(self.role_max_tokens)
+        for role in ("worker", ""):
+            caps[role] = min(caps.get(role, max_tokens), max_tokens)
+        view.role_max_tokens, view._sampling = caps, {}
+        return view
 
     def signature(self) -> tuple:
         """What the response keys of this pool depend on: member names, model ids, what else shapes each

@@ -146,7 +146,9 @@ def task_from_messages(messages: Any, answer_format: str = "free") -> Task:
 class TurnRecord:
     """One pool call of an episode as the trace shows it. Tokens and latency are those recorded when the call
     was paid (a stored reply keeps its figures); `stored`: the response store already held the reply (else it
-    is fresh: a new call, or one shared with a concurrent request asking the same)."""
+    is fresh: a new call, or one shared with a concurrent request asking the same). `finish_reason` of a reply:
+    "length" when it reached the call's max_tokens, else "stop"; `failure` of a failed call: its kind
+    (`ChatResponse.failure`: "transient" for an outage, "deterministic" when asking again gives the same)."""
 
     index: int
     model: str
@@ -159,23 +161,30 @@ class TurnRecord:
     latency_s: float
     stored: bool
     error: str | None = None
+    finish_reason: str | None = None
+    failure: str | None = None
 
     @classmethod
-    def of(cls, index: int, model: str, role: str | None, resp: ChatResponse, stored: bool) -> "TurnRecord":
+    def of(cls, index: int, model: str, role: str | None, resp: ChatResponse, stored: bool,
+           max_tokens: int) -> "TurnRecord":
+        """The record of `resp`, a reply to a call capped at `max_tokens` completion tokens."""
         verdict = None
         if role is not None and resp.ok:
             from trinity.coordinator.roles import Role, turn_of
 
             verdict = turn_of(model, Role(role), resp).verdict
+        finish = ("length" if resp.completion_tokens >= max_tokens else "stop") if resp.ok else None
         return cls(index=index, model=model, role=role or "direct", ok=resp.ok, text=resp.text, verdict=verdict,
                    prompt_tokens=resp.prompt_tokens, completion_tokens=resp.completion_tokens,
-                   latency_s=round(resp.latency_s, 3), stored=stored, error=None if resp.ok else resp.error)
+                   latency_s=round(resp.latency_s, 3), stored=stored, error=None if resp.ok else resp.error,
+                   finish_reason=finish, failure=resp.failure)
 
     def summary(self) -> dict:
         """The turn without its text (what the API returns and streams)."""
         return {"index": self.index, "model": self.model, "role": self.role, "ok": self.ok, "verdict": self.verdict,
                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "latency_s": self.latency_s, "stored": self.stored, **({"error": self.error} if self.error else {})}
+                "latency_s": self.latency_s, "stored": self.stored, "finish_reason": self.finish_reason,
+                **({"error": self.error, "failure": self.failure} if not self.ok else {})}
 
     def as_dict(self) -> dict:
         return {**self.summary(), "text": self.text}
@@ -197,6 +206,23 @@ class EpisodeResult:
     episode_s: float
     checkpoint: str
     answer_format: str
+    max_tokens: int | None = None
+
+    @property
+    def answer_turn(self) -> TurnRecord | None:
+        """The turn whose reply is the answer: the latest successful Worker turn (`roles.latest_answer`)."""
+        return next((t for t in reversed(self.turns) if t.role == "worker" and t.ok), None) if self.answer else None
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The answer's finish_reason: "length" when its Worker reply reached its max_tokens, else "stop"."""
+        turn = self.answer_turn
+        return turn.finish_reason if turn is not None else None
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether asking again gives the same outcome: no answer, and no call failed for an outage."""
+        return self.outcome != ANSWERED and not any(t.failure == "transient" for t in self.turns if not t.ok)
 
     @property
     def failures(self) -> list[tuple[str, str]]:
@@ -231,7 +257,8 @@ class EpisodeResult:
     def summary(self) -> dict:
         """The trace without texts (the API's `trinity` field)."""
         return {"episode_id": self.episode_id, "checkpoint": self.checkpoint, "answer_format": self.answer_format,
-                "outcome": self.outcome, "answered_by": self.answered_by, "reason": self.reason,
+                **({"max_tokens": self.max_tokens} if self.max_tokens is not None else {}),
+                "outcome": self.outcome, "finish_reason": self.finish_reason, "answered_by": self.answered_by, "reason": self.reason,
                 "turns": [t.summary() for t in self.turns], "usage": self.usage,
                 "fresh_replies": sum(not t.stored for t in self.turns),
                 "stored_replies": sum(t.stored for t in self.turns),
@@ -329,22 +356,33 @@ class Coordinator:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def episode_id(self, task: Task) -> str:
-        """The same conversation asked of the same coordinator has the same id (its replay is the same episode)."""
-        return "ep-" + stable_hash({"checkpoint": self.checkpoint_id, "history": task.history, "query": task.query,
-                                    "grader": task.grader})[:16]
+    def episode_id(self, task: Task, max_tokens: int | None = None) -> str:
+        """The same conversation asked of the same coordinator (with the same answer cap) has the same id (its
+        replay is the same episode)."""
+        ident = {"checkpoint": self.checkpoint_id, "history": task.history, "query": task.query, "grader": task.grader}
+        if max_tokens is not None:
+            ident["max_tokens"] = max_tokens
+        return "ep-" + stable_hash(ident)[:16]
 
-    async def answer(self, task: Task, on_turn: Callable[[TurnRecord], None] | None = None) -> EpisodeResult:
-        """Play one argmax episode for `task`; `on_turn` sees each turn as its reply arrives. The trace is saved."""
+    def _pool_for(self, max_tokens: int | None):
+        """The pool, or its view with every answer capped at `max_tokens` (`Pool.answers_capped`)."""
+        return self.pool if max_tokens is None else self.pool.answers_capped(max_tokens)
+
+    async def answer(self, task: Task, on_turn: Callable[[TurnRecord], None] | None = None,
+                     max_tokens: int | None = None) -> EpisodeResult:
+        """Play one argmax episode for `task`; `on_turn` sees each turn as its reply arrives. The trace is saved.
+        `max_tokens`: caps every Worker answer of the episode (a member's own lower cap still applies)."""
         from trinity.coordinator.episode import Episode, play_episodes
         from trinity.coordinator.roles import allowed_roles, is_answer
 
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         records: list[TurnRecord] = []
+        pool = self._pool_for(max_tokens)
 
         def on_reply(r: Request, resp: ChatResponse, stored: bool) -> None:  # on the episode's thread
-            rec = TurnRecord.of(len(records), self.pool.names[r.idx], r.role, resp, stored)
+            rec = TurnRecord.of(len(records), pool.names[r.idx], r.role, resp, stored,
+                                pool.sampling(r.idx, r.role).max_tokens)
             records.append(rec)
             if on_turn is not None:
                 loop.call_soon_threadsafe(on_turn, rec)
@@ -353,31 +391,35 @@ class Coordinator:
         states = _SerialStates(self.states, self._states_lock)
 
         def play() -> None:  # the episode's requests run on `loop`, which owns the pool; its replies are traced
-            with self.pool.run_on(loop), self.pool.observe(on_reply):
-                asyncio.run(play_episodes([ep], [self.head], self.pool, states, self.settings.coordinator.max_turns,
+            with pool.run_on(loop), pool.observe(on_reply):
+                asyncio.run(play_episodes([ep], [self.head], pool, states, self.settings.coordinator.max_turns,
                                           self.settings.reward, _ungraded, adapters=self.adapters,
                                           roles=allowed_roles(self.settings.coordinator)))
 
         await loop.run_in_executor(self._episode_threads, play)
         answered_by = next((t.model for t in reversed(ep.turns) if is_answer(t)), None) if ep.answer else None
         fmt = next(k for k, v in ANSWER_FORMATS.items() if v == task.grader)
-        result = EpisodeResult(episode_id=self.episode_id(task), task=task, turns=records, answer=ep.answer,
-                               answered_by=answered_by, verifier_first=ep.verifier_first,
-                               episode_s=time.perf_counter() - t0, checkpoint=self.checkpoint_id, answer_format=fmt)
+        result = EpisodeResult(episode_id=self.episode_id(task, max_tokens), task=task, turns=records,
+                               answer=ep.answer, answered_by=answered_by, verifier_first=ep.verifier_first,
+                               episode_s=time.perf_counter() - t0, checkpoint=self.checkpoint_id, answer_format=fmt,
+                               max_tokens=max_tokens)
         self.traces.save(result.trace())
         return result
 
     def member_index(self, name: str) -> int | None:
         return self.pool.names.index(name) if name in self.pool.names else None
 
-    async def ask_member(self, name: str, messages: Sequence[ChatMessage]) -> TurnRecord:
-        """One call to pool member `name`, bypassing the coordinator (through the response store all the same)."""
+    async def ask_member(self, name: str, messages: Sequence[ChatMessage], max_tokens: int | None = None) -> TurnRecord:
+        """One call to pool member `name`, bypassing the coordinator (through the response store all the same);
+        `max_tokens` caps its reply (the member's own lower cap still applies)."""
         idx = self.member_index(name)
         if idx is None:
             raise KeyError(name)
+        pool = self._pool_for(max_tokens)
+        cap = pool.sampling(idx).max_tokens
         turns: list[TurnRecord] = []
-        with self.pool.observe(lambda r, resp, stored: turns.append(TurnRecord.of(0, name, None, resp, stored))):
-            await self.pool.complete(idx, messages)
+        with pool.observe(lambda r, resp, stored: turns.append(TurnRecord.of(0, name, None, resp, stored, cap))):
+            await pool.complete(idx, messages)
         return turns[0]
 
 

@@ -3,22 +3,28 @@
 Routes:
 - `GET /v1/models`: `trinity` (the coordinator) and every pool member (callable directly, bypassing it);
   `GET /v1/models/{id}` one of them.
-- `POST /v1/chat/completions`:
+- `GET /health`: liveness and what is served (no API key needed: for probes; it reveals no secret).
+- `POST /v1/chat/completions` (the body is a pydantic model, `openai_request.ChatCompletionRequest`; which fields
+  are honoured, refused or ignored: `openai_request`'s doc):
     * `model: "trinity"` plays one episode over the whole message list (`conversation.task_from_messages`) and
       returns the final Worker answer in the standard shape; `usage` is summed over every pool call of the
       episode (as recorded when paid: a stored reply keeps its figures); the `trinity` field is the trace
       (`EpisodeResult.summary`: episode id, who answered, per turn model / role / tokens / latency / verdict /
       stored). Extension: `answer_format` (free, math, choice, code; default free).
     * a member's name: one call to that member (through the response store).
+    * `max_tokens` / `max_completion_tokens` cap the answer; `finish_reason` is "length" when the answer's reply
+      reached its cap, else "stop".
     * `stream: true`: server-sent events in the chat.completion.chunk format: a role chunk at once, one chunk per
       turn as its reply arrives (empty delta, the turn in the extra field `trinity.turn`), the answer as content
-      deltas, a final chunk with finish_reason "stop" and the trace, the usage chunk when
+      deltas, a final chunk with the finish_reason and the trace, the usage chunk when
       `stream_options.include_usage`, then `data: [DONE]`. A failure after the stream started is an `error` event.
 - Errors, in the OpenAI error shape `{"error": {"message", "type", "param", "code"}}`: malformed JSON 400,
-  missing / empty / malformed messages 400, an unsupported parameter 400 (each member samples with its configured
-  settings, so `temperature`, `max_tokens`, tools... are refused by name rather than ignored), unknown model 404,
-  body over `max_body_bytes` 413, a missing or wrong bearer token 401 (when `TRINITY_API_KEY` is set), a pool
-  failure 502 (the members and reasons), an episode that ended without an answer 500 (code `no_answer`).
+  missing / empty / malformed messages 400, a field of the wrong type or a refused one (tools, structured outputs,
+  logprobs, n > 1) 400 naming it, unknown model 404, body over `max_body_bytes` 413, a missing or wrong bearer
+  token 401 (when `TRINITY_API_KEY` is set), a pool failure 502 (the members and reasons), an episode that ended
+  without an answer 500 (code `no_answer`). A failure that asking again would repeat (every 4xx, no answer, a
+  member's deterministic failure) carries `x-should-retry: false`, so the OpenAI SDKs do not retry it; a pool
+  outage carries `x-should-retry: true`.
 
 Concurrency: one process, one event loop, one `Coordinator` — one pool (requests stored or in flight are shared,
 not repeated), one encoder, one store (this process is its only writer). An episode runs as its own task: a client
@@ -48,8 +54,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trinity.serving.conversation import (ANSWER_FORMATS, ANSWERED, NO_ANSWER, ConversationError, Coordinator, EpisodeResult,
-                                  chat_messages, task_from_messages)
+from trinity.serving.conversation import (ANSWERED, NO_ANSWER, ConversationError, Coordinator, EpisodeResult,
+                                          chat_messages, task_from_messages)
+from trinity.serving.openai_request import IGNORED_FIELDS_HEADER, ChatRequest, RequestError, parse_chat_request
 from trinity.redact import RedactingFilter, redact_text, register_secret_env_names
 
 log = logging.getLogger("trinity.serving.server")
@@ -59,18 +66,25 @@ API_KEY_ENV = "TRINITY_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 1_000_000
 SHUTDOWN_WAIT_S = 60.0
 """At shutdown, how long episodes still running (their clients gone) may take to finish into the store."""
-SUPPORTED_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "user", "n", "answer_format"})
-"""Request fields accepted; any other field with a non-null value is refused by name (400)."""
 
 
 class ApiError(Exception):
-    """An error answered in the OpenAI shape."""
+    """An error answered in the OpenAI shape. `retry`: whether asking again may succeed (the `x-should-retry`
+    header the OpenAI SDKs obey); None: no header (the client's default)."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, extra: dict | None = None):
+                 code: str | None = None, extra: dict | None = None, retry: bool | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code, self.extra = (
             status, message, type_, param, code, extra)
+        self.retry = (False if 400 <= status < 500 and status not in (408, 409, 429) else None) if retry is None \
+            else retry
+
+    def headers(self) -> dict[str, str]:
+        h = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        if self.retry is not None:
+            h["x-should-retry"] = "true" if self.retry else "false"
+        return h
 
     def body(self) -> dict:
         err = {"message": redact_text(self.message), "type": self.type, "param": self.param, "code": self.code}
@@ -90,51 +104,27 @@ def _content_pieces(text: str, words: int = 4) -> list[str]:
 
 
 def episode_error(result: EpisodeResult) -> ApiError:
-    """The API error of an episode without an answer: 502 for a pool failure, 500 for no answer."""
+    """The API error of an episode without an answer: 502 for a pool failure, 500 for no answer; retryable only
+    when a call failed for an outage."""
     if result.outcome == NO_ANSWER:
         return ApiError(500, f"the coordinator ended episode {result.episode_id} without an answer: {result.reason}",
-                        "server_error", code="no_answer", extra={"trinity": result.summary()})
+                        "server_error", code="no_answer", extra={"trinity": result.summary()}, retry=False)
     failed = [{"member": m, "reason": why} for m, why in result.failures]
     return ApiError(502, f"episode {result.episode_id}: no answer; {result.reason}", "upstream_error",
-                    code="pool_failure", extra={"members": failed, "trinity": result.summary()})
+                    code="pool_failure", extra={"members": failed, "trinity": result.summary()},
+                    retry=not result.deterministic)
 
 
-def parse_request(body: Any, models: list[str]) -> dict:
-    """Validate a chat-completions body; returns {model, messages, stream, include_usage, answer_format}."""
-    if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_body")
-    for k, v in body.items():
-        if k not in SUPPORTED_PARAMS and v is not None:
-            raise ApiError(400, f"parameter {k!r} is not supported: the coordinator and each pool member use the "
-                                f"sampling settings of their params file; supported: {', '.join(sorted(SUPPORTED_PARAMS))}",
-                           param=k, code="unsupported_parameter")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "'model' is required: 'trinity' or a pool member's name", param="model",
-                       code="missing_model")
-    if model not in models:
-        raise ApiError(404, f"model {model!r} does not exist here; available: {', '.join(models)}", param="model",
+def parse_request(body: Any, models: list[str]) -> ChatRequest:
+    """Validate a chat-completions body (`openai_request.parse_chat_request`) and its model."""
+    try:
+        req = parse_chat_request(body, COORDINATOR_MODEL)
+    except RequestError as e:
+        raise ApiError(400, str(e), param=e.param, code=e.code) from None
+    if req.model not in models:
+        raise ApiError(404, f"model {req.model!r} does not exist here; available: {', '.join(models)}", param="model",
                        code="model_not_found")
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise ApiError(400, f"'n' must be 1 (one answer per request), got {n!r}", param="n", code="unsupported_parameter")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise ApiError(400, f"'stream' must be true or false, got {stream!r}", param="stream", code="invalid_type")
-    opts = body.get("stream_options")
-    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}
-                             or not isinstance(opts.get("include_usage", False), bool)):
-        raise ApiError(400, "'stream_options' supports only {\"include_usage\": true|false}", param="stream_options",
-                       code="unsupported_parameter")
-    fmt = body.get("answer_format")
-    if fmt is not None and model != COORDINATOR_MODEL:
-        raise ApiError(400, "'answer_format' applies to model 'trinity' only", param="answer_format",
-                       code="unsupported_parameter")
-    if fmt is not None and fmt not in ANSWER_FORMATS:
-        raise ApiError(400, f"'answer_format' must be one of {', '.join(ANSWER_FORMATS)}, got {fmt!r}",
-                       param="answer_format", code="invalid_value")
-    return {"model": model, "messages": body.get("messages"), "stream": bool(stream),
-            "include_usage": bool((opts or {}).get("include_usage")), "answer_format": fmt or "free"}
+    return req
 
 
 def create_app(coordinator: Coordinator, *, api_key: str | None = None,
@@ -156,8 +146,7 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
     token = api_key.encode() if api_key else None
 
     def error_response(e: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers())
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
@@ -206,6 +195,11 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
         return {"id": name, "object": "model", "created": 0,
                 "owned_by": "trinity" if name == COORDINATOR_MODEL else "trinity-pool"}
 
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "models": models, "checkpoint": coordinator.checkpoint_id,
+                "in_flight": len(running)}
+
     @app.get("/v1/models")
     async def list_models(request: Request):
         check_auth(request)
@@ -226,8 +220,11 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
         t.add_done_callback(running.discard)
         return t
 
-    def start_episode(task, on_turn=None) -> asyncio.Task:
-        return track(coordinator.answer(task, on_turn))
+    def start_episode(task, max_tokens: int | None, on_turn=None) -> asyncio.Task:
+        return track(coordinator.answer(task, on_turn, max_tokens))
+
+    def reply_headers(req: ChatRequest) -> dict[str, str]:
+        return {IGNORED_FIELDS_HEADER: ",".join(req.ignored)} if req.ignored else {}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -235,29 +232,30 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
         check_auth(request)
         req = parse_request(await read_json(request), models)
         try:
-            if req["model"] == COORDINATOR_MODEL:
-                task = task_from_messages(req["messages"], req["answer_format"])
+            if req.model == COORDINATOR_MODEL:
+                task = task_from_messages(req.messages, req.answer_format)
             else:
-                messages = chat_messages(req["messages"])
+                messages = chat_messages(req.messages)
         except ConversationError as e:
             raise ApiError(400, str(e), param=e.param, code="invalid_messages") from None
         created = int(time.time())
-        if req["model"] != COORDINATOR_MODEL:
+        if req.model != COORDINATOR_MODEL:
             return await member_completion(req, messages, created, t0)
-        if req["stream"]:
+        if req.stream:
             return StreamingResponse(stream_episode(task, req, created, t0), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        result = await asyncio.shield(start_episode(task))
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                              **reply_headers(req)})
+        result = await asyncio.shield(start_episode(task, req.max_tokens))
         log_episode(result, t0)
         if result.outcome != ANSWERED:
             raise episode_error(result)
-        return completion_body(result, created)
+        return JSONResponse(completion_body(result, created), headers=reply_headers(req))
 
     def completion_body(result: EpisodeResult, created: int) -> dict:
         return {"id": f"chatcmpl-{result.episode_id}", "object": "chat.completion", "created": created,
                 "model": COORDINATOR_MODEL,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer},
-                             "finish_reason": "stop"}],
+                             "finish_reason": result.finish_reason}],
                 "usage": result.usage, "trinity": result.summary()}
 
     def log_episode(result: EpisodeResult, t0: float) -> None:
@@ -265,43 +263,47 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
                  result.episode_id, result.outcome, len(result.turns), result.summary()["fresh_replies"],
                  result.summary()["stored_replies"], result.answered_by, time.perf_counter() - t0)
 
-    async def member_completion(req: dict, messages, created: int, t0: float):
-        turn = await asyncio.shield(track(coordinator.ask_member(req["model"], messages)))
-        log.info("direct %s: %s, stored=%s, %.2fs", req["model"], "ok" if turn.ok else "failed", turn.stored,
+    async def member_completion(req: ChatRequest, messages, created: int, t0: float):
+        model = req.model
+        turn = await asyncio.shield(track(coordinator.ask_member(model, messages, req.max_tokens)))
+        log.info("direct %s: %s, stored=%s, %.2fs", model, "ok" if turn.ok else "failed", turn.stored,
                  time.perf_counter() - t0)
         if not turn.ok:
-            raise ApiError(502, f"pool member {req['model']!r} failed: {turn.error}", "upstream_error",
-                           code="pool_failure", extra={"members": [{"member": req["model"], "reason": turn.error}]})
+            raise ApiError(502, f"pool member {model!r} failed: {turn.error}", "upstream_error",
+                           code="pool_failure", extra={"members": [{"member": model, "reason": turn.error}]},
+                           retry=turn.failure == "transient")
         usage = {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
                  "total_tokens": turn.prompt_tokens + turn.completion_tokens}
-        trace = {"turns": [turn.summary()], "answered_by": req["model"]}
+        trace = {"turns": [turn.summary()], "answered_by": model}
         cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        if not req["stream"]:
-            return {"id": cid, "object": "chat.completion", "created": created, "model": req["model"],
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.text},
-                                 "finish_reason": "stop"}], "usage": usage, "trinity": trace}
+        if not req.stream:
+            return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
+                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.text},
+                                              "finish_reason": turn.finish_reason}], "usage": usage, "trinity": trace},
+                                headers=reply_headers(req))
 
         async def events():
-            yield _sse(chunk(cid, created, req["model"], {"role": "assistant", "content": ""}))
+            yield _sse(chunk(cid, created, model, {"role": "assistant", "content": ""}))
             for piece in _content_pieces(turn.text):
-                yield _sse(chunk(cid, created, req["model"], {"content": piece}))
-            yield _sse({**chunk(cid, created, req["model"], {}, "stop"), "trinity": trace})
-            if req["include_usage"]:
-                yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": req["model"],
+                yield _sse(chunk(cid, created, model, {"content": piece}))
+            yield _sse({**chunk(cid, created, model, {}, turn.finish_reason), "trinity": trace})
+            if req.include_usage:
+                yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                             "choices": [], "usage": usage})
             yield b"data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", **reply_headers(req)})
 
     def chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None) -> dict:
         return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
-    async def stream_episode(task, req: dict, created: int, t0: float):
+    async def stream_episode(task, req: ChatRequest, created: int, t0: float):
         queue: asyncio.Queue = asyncio.Queue()
-        episode = start_episode(task, queue.put_nowait)
+        episode = start_episode(task, req.max_tokens, queue.put_nowait)
         episode.add_done_callback(lambda _: queue.put_nowait(None))
-        cid = f"chatcmpl-{coordinator.episode_id(task)}"
+        cid = f"chatcmpl-{coordinator.episode_id(task, req.max_tokens)}"
         yield _sse(chunk(cid, created, COORDINATOR_MODEL, {"role": "assistant", "content": ""}))
         while (turn := await queue.get()) is not None:
             yield _sse({**chunk(cid, created, COORDINATOR_MODEL, {}), "trinity": {"turn": turn.summary()}})
@@ -320,8 +322,8 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
             return
         for piece in _content_pieces(result.answer):
             yield _sse(chunk(cid, created, COORDINATOR_MODEL, {"content": piece}))
-        yield _sse({**chunk(cid, created, COORDINATOR_MODEL, {}, "stop"), "trinity": result.summary()})
-        if req["include_usage"]:
+        yield _sse({**chunk(cid, created, COORDINATOR_MODEL, {}, result.finish_reason), "trinity": result.summary()})
+        if req.include_usage:
             yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": COORDINATOR_MODEL,
                         "choices": [], "usage": result.usage})
         yield b"data: [DONE]\n\n"
