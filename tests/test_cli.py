@@ -148,6 +148,45 @@ def test_exit_codes_say_what_went_wrong(project, run, tmp_path):
     assert code == cli.EXIT_USAGE and "does not exist" in err
 
 
+def test_every_other_failure_is_one_line_and_exit_5_with_the_traceback_under_debug(tmp_path, capsys, monkeypatch):
+    import trinity.stages
+
+    root = tmp_path / "proj"
+    root.mkdir()
+    from pathlib import Path
+
+    params = (Path(__file__).parents[1] / "params.yaml").read_text()
+    (root / "params.yaml").write_text(params.replace("root: ../shared/benchmarks", "root: /nonexistent/bench"))
+    monkeypatch.chdir(tmp_path)  # --params params.yaml is read from --root, not from here
+    assert cli.main(["stage", "prepare", "--root", str(root)]) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("trinity: DataError: /nonexistent/bench/") and "--debug prints the traceback" in err
+    assert cli.main(["--debug", "stage", "prepare", "--root", str(root)]) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.rstrip().endswith("(benchmark root /nonexistent/bench)")
+
+    assert cli.main(["serve", "--log-level", "loud"]) == cli.EXIT_USAGE  # a choice
+    assert "'loud' is not one of 'critical', 'error', 'warning', 'info', 'debug'" in capsys.readouterr().err
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trinity.stages, "run_stage", interrupted)
+    assert cli.main(["stage", "prepare", "--root", str(root)]) == cli.EXIT_INTERRUPTED == 130
+    assert capsys.readouterr().err == "trinity: interrupted\n"
+
+
+def test_relative_paths_are_read_from_root(project, run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run("ask", "What is 36 plus 6?", "--params", "params.yaml", "--checkpoint", "data/checkpoints",
+                         "--store", "data/store/trinity.duckdb")
+    assert code == 0 and out == worker_reply("What is 36 plus 6?") + "\n", err
+    code, out, err = run("export", "--out", "exports")
+    assert code == 0 and (project["root"] / "exports" / "responses.parquet").is_file(), err
+    assert not (tmp_path / "exports").exists()
+
+
 def test_episodes_play_off_the_event_loop_and_report_turns_on_it(project, tmp_path, monkeypatch):
     """The answer path behind ask and serve: encodes run on the episodes' threads (so a server's event loop is never
     held by the encoder), turns are reported on the caller's loop, concurrent episodes share one encoder."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,10 +16,13 @@ import typer
 from trinity.serving.conversation import ANSWER_FORMATS  # light, as trinity.stages: torch loads only when a command runs
 from trinity.stages import STAGES
 
-EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE, EXIT_POOL_FAILURE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE, EXIT_POOL_FAILURE, EXIT_NOT_FOUND, EXIT_FAILED = 0, 1, 2, 3, 4, 5
+EXIT_INTERRUPTED = 130
 EXIT_CODES_HELP = (
     "Exit codes: 0 success; 1 the coordinator gave no answer; 2 bad usage or configuration (options, params, "
-    "checkpoint, a store another process writes); 3 a pool failure left no answer; 4 no such episode.")
+    "checkpoint, a store another process writes); 3 a pool failure left no answer; 4 no such episode or store; "
+    "5 the command failed while running (any other error: one line on stderr, the traceback with --debug); "
+    "130 interrupted. Relative paths (--params, --checkpoint, --store, --out) are read from --root.")
 
 app = typer.Typer(name="trinity", help=__doc__, epilog=EXIT_CODES_HELP, no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
@@ -26,17 +30,30 @@ app = typer.Typer(name="trinity", help=__doc__, epilog=EXIT_CODES_HELP, no_args_
 
 AnswerFormat = Enum("AnswerFormat", {f: f for f in ANSWER_FORMATS}, type=str)
 StageName = Enum("StageName", {s: s for s in STAGES}, type=str)
+LogLevel = Enum("LogLevel", {v: v for v in ("critical", "error", "warning", "info", "debug")}, type=str)
 
-RootOpt = Annotated[Path, typer.Option(help="project directory holding data/ (the default paths below are in it)")]
-ParamsOpt = Annotated[Path, typer.Option(
-    help="params file the checkpoint was trained with (a relative path: from the current directory, else ROOT)")]
+RootOpt = Annotated[Path, typer.Option(help="project directory holding data/; every relative path option is read "
+                                            "from it")]
+ParamsOpt = Annotated[Path, typer.Option(help="params file the checkpoint was trained with (relative: in ROOT)")]
 CheckpointOpt = Annotated[Optional[Path], typer.Option(
-    help="checkpoint directory (holding coordinator.npy + coordinator.json) or its stem; default ROOT/data/checkpoints")]
+    help="checkpoint directory (holding coordinator.npy + coordinator.json) or its stem (relative: in ROOT); "
+         "default ROOT/data/checkpoints")]
 StoreOpt = Annotated[Optional[Path], typer.Option(
-    help="response store (DuckDB file); default ROOT/data/store/trinity.duckdb")]
+    help="response store (DuckDB file; relative: in ROOT); default ROOT/data/store/trinity.duckdb")]
 RetryOpt = Annotated[bool, typer.Option(
     "--retry-failures", help="ask again every request whose stored answer is a failure (outages are always asked "
                              "again; this also re-asks deterministic failures). Same as TRINITY_RETRY_FAILURES=1")]
+
+
+_debug = False
+"""--debug: an unexpected error prints its traceback (set by the top-level callback)."""
+
+
+@app.callback()
+def _options(debug: Annotated[bool, typer.Option("--debug", help="print the traceback of an unexpected error "
+                                                                "(exit code 5)")] = False) -> None:
+    global _debug
+    _debug = debug
 
 
 def _fail(message: str, code: int = EXIT_USAGE):
@@ -44,15 +61,21 @@ def _fail(message: str, code: int = EXIT_USAGE):
     raise typer.Exit(code)
 
 
+def _in_root(root: Path, path: Path) -> Path:
+    """A path option as given when absolute, else read from ROOT."""
+    return path if path.is_absolute() else root.resolve() / path
+
+
 def _paths(root: Path, checkpoint: Path | None, store: Path | None) -> tuple[Path, Path]:
     from trinity.stages.paths import Paths
 
     p = Paths(root.resolve())
-    return (checkpoint or p.checkpoint.parent), (store or p.store)
+    return (_in_root(root, checkpoint) if checkpoint else p.checkpoint.parent), (_in_root(root, store) if store
+                                                                                  else p.store)
 
 
 def _params_path(root: Path, params: Path) -> Path:
-    return params if params.is_absolute() or params.exists() else root / params
+    return _in_root(root, params)
 
 
 def _load_coordinator(root: Path, params: Path, checkpoint: Path | None, store: Path | None, *, writer: bool):
@@ -170,7 +193,7 @@ def serve(
     port: Annotated[int, typer.Option(help="port (0: any free port, printed when listening)", min=0, max=65535)] =
         8000,
     max_body_bytes: Annotated[int, typer.Option(help="larger request bodies get 413", min=1024)] = 1_000_000,
-    log_level: Annotated[str, typer.Option(help="uvicorn / trinity log level")] = "info",
+    log_level: Annotated[LogLevel, typer.Option(help="uvicorn / trinity log level")] = LogLevel("info"),
     root: RootOpt = Path("."),
     params: ParamsOpt = Path("params.yaml"),
     checkpoint: CheckpointOpt = None,
@@ -188,13 +211,14 @@ def serve(
         print(f"trinity serve: listening on http://{host}:{bound}/v1", file=sys.stderr, flush=True)
 
     with _load_coordinator(root, params, checkpoint, store, writer=True) as coordinator:
-        run_server(coordinator, host, port, max_body_bytes=max_body_bytes, log_level=log_level, on_ready=ready)
+        run_server(coordinator, host, port, max_body_bytes=max_body_bytes, log_level=log_level.value, on_ready=ready)
 
 
 @app.command()
 def stage(
     name: Annotated[StageName, typer.Argument(help="the stage to run")],
-    params: Annotated[Path, typer.Option(help="params file (validated when loaded)")] = Path("params.yaml"),
+    params: Annotated[Path, typer.Option(help="params file (validated when loaded; relative: in ROOT)")] =
+        Path("params.yaml"),
     root: RootOpt = Path("."),
     retry_failures: RetryOpt = False,
 ) -> None:
@@ -205,7 +229,7 @@ def stage(
 
     _retry(retry_failures)
     try:
-        settings = load_settings(params)
+        settings = load_settings(_params_path(root, params))
     except ConfigError as e:
         _fail(str(e))
     out = run_stage(name.value, settings, stage_paths.Paths(root.resolve()))
@@ -221,8 +245,8 @@ def report(
     project: Annotated[Optional[str], typer.Option(help="with --wandb: W&B project (default: the runs' own)")] = None,
     entity: Annotated[Optional[str], typer.Option(help="with --wandb: W&B entity (default: WANDB_ENTITY, the runs' "
                                                        "own, else your default entity)")] = None,
-    params: Annotated[Path, typer.Option(help="params file (its tracking.wandb_mode, unless WANDB_MODE is set)")] =
-        Path("params.yaml"),
+    params: Annotated[Path, typer.Option(help="params file (its tracking.wandb_mode, unless WANDB_MODE is set; "
+                                              "relative: in ROOT)")] = Path("params.yaml"),
     root: RootOpt = Path("."),
 ) -> None:
     """Write the evaluation report (ROOT/reports: summary.md, traces.md, plots/*.png) from the pipeline's files;
@@ -273,7 +297,8 @@ def report(
 
 @app.command()
 def export(
-    out: Annotated[Optional[Path], typer.Option(help="directory for the Parquet files; default ROOT/data/exports")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="directory for the Parquet files (relative: in ROOT); default "
+                                                     "ROOT/data/exports")] = None,
     store: StoreOpt = None,
     root: RootOpt = Path("."),
 ) -> None:
@@ -286,7 +311,7 @@ def export(
     _, store_path = _paths(root, None, store)
     if not store_path.is_file():
         _fail(f"no response store at {store_path} (run the pipeline first, or pass --store)", EXIT_NOT_FOUND)
-    dest = out or root.resolve() / "data" / "exports"
+    dest = _in_root(root, out) if out else root.resolve() / "data" / "exports"
     with Store(store_path, read_only=True) as st:
         written = st.export_parquet(dest)
     for table, path in written.items():
@@ -304,12 +329,34 @@ def check_graders(ctx: typer.Context) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The `trinity` console script; returns the exit code (see EXIT_CODES_HELP)."""
-    try:
-        app(args=argv, prog_name="trinity")
+    """The `trinity` console script; returns the exit code (EXIT_CODES_HELP): an expected failure has printed its
+    one line already; any other error prints one line (its traceback too with --debug) and returns EXIT_FAILED."""
+    from typer.exceptions import TyperException
+
+    global _debug
+    _debug = False
+    try:  # not standalone: click would turn Ctrl-C into "Aborted!" and exit code 1 (which means "no answer")
+        code = app(args=argv, prog_name="trinity", standalone_mode=False)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
-    return EXIT_OK
+    except typer.Exit as e:
+        code = e.exit_code
+    except TyperException as e:  # bad usage: the message and the usage line
+        e.show()
+        return EXIT_USAGE
+    except (KeyboardInterrupt, typer.Abort):
+        print("trinity: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - the documented exit code for every unexpected error
+        if _debug:
+            traceback.print_exc()
+        where = "" if _debug else " (--debug prints the traceback)"
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"trinity: {type(e).__name__}: {first}{where}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    if code == EXIT_INTERRUPTED:  # typer's own answer to Ctrl-C: an exit code, no message
+        print("trinity: interrupted", file=sys.stderr, flush=True)
+    return code if isinstance(code, int) else EXIT_OK
 
 
 if __name__ == "__main__":
