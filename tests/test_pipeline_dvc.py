@@ -134,6 +134,30 @@ def test_second_repro_runs_nothing(repo):
     assert "Running stage" not in out
 
 
+def test_runtime_settings_and_orchestration_code_rerun_nothing(repo):
+    """Switching evolve to Dask, changing the concurrency cap or the stages' retry policy (orchestration code) leaves
+    `dvc status` clean: nothing re-runs a multi-hour evolve for them; a setting that shapes results still does."""
+    repo, env, _, _ = repo
+    params, flow = repo / "params.yaml", repo / "src/trinity/ops/stage_flow.py"
+    saved = params.read_text(), flow.read_text()
+    try:
+        p = yaml.safe_load(saved[0])
+        p["pool"]["max_concurrency"] = 3
+        p["evolve"].update(task_runner="dask", dask_workers=3, dask_threads_per_worker=2,
+                           dask_address="tcp://127.0.0.1:8786")
+        params.write_text(yaml.safe_dump(p, sort_keys=False))
+        flow.write_text(saved[1].replace("LLM_BOUND_RETRIES = dict(retries=2,", "LLM_BOUND_RETRIES = dict(retries=5,"))
+        assert flow.read_text() != saved[1]
+        assert "Data and pipelines are up to date." in _sh(["dvc", "status"], repo, env)
+        p["evolve"]["sigma0"] = 0.5
+        params.write_text(yaml.safe_dump(p, sort_keys=False))
+        status = _sh(["dvc", "status"], repo, env)
+        assert "evolve:" in status and "evolve.sigma0" in status, status
+    finally:
+        params.write_text(saved[0])
+        flow.write_text(saved[1])
+
+
 def test_a_queued_experiments_copy_shares_the_workspaces_store(tmp_path):
     """DVC runs a queued experiment in a copy under <workspace>/.dvc/tmp/exps/: its outputs are its own, its
     response store is the workspace's."""

@@ -409,6 +409,10 @@ def _trinity_imports(tree: ast.AST) -> set[str]:
 DISPLAY_ONLY = ("ops/tracking.py", "ops/wandb_report.py", "ops/prefect_artifacts.py")
 """W&B logging and the Prefect UI's artifacts: they write no DVC output (a run's log is not a result), so neither
 they nor their imports are deps."""
+ORCHESTRATION = ("ops/stage_flow.py", "ops/process_guard.py")
+"""How a stage runs (its Prefect tasks, their retry policy, the cleanup of what a run leaves), never what it
+computes: not deps (with flows/_bootstrap.py), so editing them re-runs nothing. The stage's own code, which
+stage_flow calls, is reached from the stage's `run`."""
 
 
 def _stage_reads(stage: str) -> set[Path]:
@@ -419,7 +423,7 @@ def _stage_reads(stage: str) -> set[Path]:
     mods = set().union(*(_trinity_imports(ast.parse(f.read_text())) for f in flows)) - {"trinity.stages"}
     entries = [f"stages.{stage}:run", *(m.removeprefix("trinity.") for m in mods
                                      if cv._module_file(cv.PACKAGE, m) is not None)]
-    return {*flows, *cv.imported_files(cv.PACKAGE, entries, stop=DISPLAY_ONLY)}
+    return {flows[1], *cv.imported_files(cv.PACKAGE, entries, stop=DISPLAY_ONLY + ORCHESTRATION)}
 
 
 def test_dvc_deps_cover_every_file_a_stage_runs():
@@ -436,6 +440,31 @@ def test_dvc_deps_cover_every_file_a_stage_runs():
     assert "${data.root}" in dvc["prepare"]["deps"], "prepare must depend on the benchmark files it reads"
     for stage in ("evolve", "evaluate"):
         assert {"data/checkpoints/coordinator.npy", "data/prepared/train.jsonl"} & set(dvc[stage]["deps"])
+    orchestration = {"flows/_bootstrap.py", *(f"src/trinity/{f}" for f in ORCHESTRATION)}
+    leaked = {stage: orchestration & set(dvc[stage]["deps"]) for stage in PIPELINE_STAGES}
+    assert not any(leaked.values()), f"orchestration code is no dep: {leaked}"
+
+
+def test_dvc_params_are_every_setting_of_a_stage_but_the_runtime_only_ones():
+    """No stage's params name a key of `RUNTIME_ONLY_SETTINGS` (they never change what a stage computes), and a
+    stage that reads a section holding such keys lists every other key of it (a new setting must be listed, or
+    declared runtime-only)."""
+    from trinity.config import RUNTIME_ONLY_SETTINGS, Settings
+
+    dvc = yaml.safe_load((PROJECT_ROOT / "dvc.yaml").read_text())["stages"]
+    for stage in PIPELINE_STAGES:
+        listed = dvc[stage].get("params", [])
+        keys = set()
+        for k in listed:
+            section, _, field = k.partition(".")
+            fields = Settings.model_fields[section].annotation.model_fields
+            assert not field or field in fields, f"{stage}: {k} is no setting"
+            keys |= {k} if field else {f"{section}.{f}" for f in fields}
+        runtime_sections = {k.split(".")[0] for k in RUNTIME_ONLY_SETTINGS}
+        for section in {k.split(".")[0] for k in listed} & runtime_sections:  # listed key by key to leave those out
+            every = {f"{section}.{f}" for f in Settings.model_fields[section].annotation.model_fields}
+            assert every - RUNTIME_ONLY_SETTINGS <= keys, f"{stage}: unlisted {every - RUNTIME_ONLY_SETTINGS - keys}"
+        assert not keys & RUNTIME_ONLY_SETTINGS, f"{stage} tracks runtime-only {keys & RUNTIME_ONLY_SETTINGS}"
 
 
 def _hold_writer(db: str, ready, release) -> None:

@@ -118,6 +118,13 @@ class PoolMember(_Section):
         return self
 
 
+RUNTIME_ONLY_SETTINGS = frozenset({"pool.max_concurrency", "evolve.task_runner", "evolve.dask_workers",
+                          "evolve.dask_threads_per_worker", "evolve.dask_address"})
+"""Settings that change how a stage runs (how many calls in flight, where never-seen nodes are expanded), never
+what it computes: no DVC stage lists them as params (dvc.yaml lists every other key of the sections it reads), so
+changing one leaves `dvc status` clean."""
+
+
 class PoolSettings(_Section):
     members: list[PoolMember]
     max_concurrency: int = 8
