@@ -6,15 +6,18 @@ the run Failed when a score dropped beyond `drop_threshold` (trinity.ops.nightly
 """
 from _bootstrap import ROOT, main  # hermetic defaults and this checkout's src/ first, before prefect is imported
 
+import dataclasses
 from pathlib import Path
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
-from prefect.states import Failed
+from prefect.states import Cancelled, Failed
 
+from trinity.ops.checkout_lock import CheckoutBusy, holding_checkout
 from trinity.ops.stage_flow import LLM_BOUND_RETRIES
+
 
 def _params_path(params: str) -> Path:
     return Path(params) if Path(params).is_absolute() else ROOT / params
@@ -39,7 +42,7 @@ def check_inputs(params: str, drop_threshold: float) -> dict:
             raise FileNotFoundError(f"{paths.checkpoint.with_suffix(suffix)} is missing: train a coordinator first "
                                     "(dvc repro, or the weekly-retrain deployment)")
     splits = _load_tasks(paths)
-    previous = nightly.last_record(ROOT)
+    previous = nightly.baseline_record(ROOT)
     return {"in_distribution": len(splits.in_distribution), "heldout": len(splits.heldout),
             "previous_run": previous.run if previous else None}
 
@@ -62,14 +65,16 @@ def compare_with_previous(results, run: str, run_dir: str, drop_threshold: float
     from trinity.ops import nightly
 
     current = nightly.NightlyRecord.from_results(results, run=run,
-                                                 results_path=Path(run_dir).relative_to(ROOT) / "results.json")
-    return current, nightly.compare(nightly.last_record(ROOT), current, drop_threshold)
+                                                 results_path=Path(run_dir).relative_to(ROOT) / "results.json",
+                                                 episodes=Path(run_dir) / "episodes.jsonl")
+    comparison = nightly.compare(nightly.baseline_record(ROOT), current, drop_threshold)
+    return dataclasses.replace(current, flagged=comparison.flagged), comparison
 
 
 @task(name="publish-artifacts", cache_policy=NO_CACHE)
 def publish_artifacts(current, comparison) -> dict:
     """The markdown summary and the per-benchmark table, under stable keys (one version per night), and the
-    night's record appended to data/nightly/history.jsonl (tomorrow's baseline)."""
+    night's record appended to data/nightly/history.jsonl (tomorrow's baseline, unless it was flagged)."""
     from trinity.ops import nightly
 
     create_markdown_artifact(nightly.summary_markdown(current, comparison), key=nightly.SUMMARY_ARTIFACT_KEY,
@@ -84,10 +89,21 @@ def publish_artifacts(current, comparison) -> dict:
 def nightly_eval_flow(params: str = "params.yaml", drop_threshold: float = 0.05,
                       timeout_minutes: float = 240.0):
     """Re-evaluate the current checkpoint with fresh calls; fail the run when a score drops beyond drop_threshold
-    (a fraction of the benchmark's scale) since the previous night."""
+    (a fraction of the benchmark's scale) since the last night that passed. Refused (Cancelled) while another
+    run holds the checkout."""
+    try:
+        with holding_checkout(ROOT):
+            return _nightly(params, drop_threshold, timeout_minutes)
+    except CheckoutBusy as e:
+        print(f"[nightly] {e}")
+        return Cancelled(message=str(e))
+
+
+def _nightly(params: str, drop_threshold: float, timeout_minutes: float):
     inputs = check_inputs(params, drop_threshold)
     print(f"[nightly] evaluating the checkpoint on {inputs['in_distribution']} in-distribution and "
-          f"{inputs['heldout']} held-out items; previous night: {inputs['previous_run'] or 'none'}")
+          f"{inputs['heldout']} held-out items; baseline (the last night not flagged): "
+          f"{inputs['previous_run'] or 'none'}")
     from trinity.ops.nightly import new_run_dir
 
     run = flow_run.get_name() or "local"

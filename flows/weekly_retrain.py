@@ -18,7 +18,10 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Cancelled
 from prefect.tasks import exponential_backoff
+
+from trinity.ops.checkout_lock import CheckoutBusy, holding_checkout
 
 RETRAIN_ARTIFACT_KEY = "weekly-retrain-summary"
 
@@ -110,7 +113,17 @@ def publish_summary(remote: str, commit: str | None, git_remote: str | None) -> 
 @flow(name="trinity-weekly-retrain", log_prints=True)
 def weekly_retrain_flow(dvc_remote: str | None = None, git_remote: str | None = None) -> dict:
     """`dvc repro`, then `dvc push` to `dvc_remote` (None: the checkout's default DVC remote), then a commit of
-    dvc.lock and reports/, pushed to `git_remote` (None: kept in the checkout)."""
+    dvc.lock and reports/, pushed to `git_remote` (None: kept in the checkout). Refused (Cancelled) while another
+    run holds the checkout."""
+    try:
+        with holding_checkout(ROOT):
+            return _retrain(dvc_remote, git_remote)
+    except CheckoutBusy as e:
+        print(f"[retrain] {e}")
+        return Cancelled(message=str(e))
+
+
+def _retrain(dvc_remote: str | None, git_remote: str | None) -> dict:
     remote = check_dvc_remote(dvc_remote)
     check_git(git_remote)
     dvc_repro()

@@ -4,7 +4,10 @@ tiny configuration whose pool members are an OpenAI-compatible endpoint (tests/f
 
 Night 1 reaches Completed with its two artifacts; then the "provider" silently changes the model behind the
 endpoint (right answers become wrong ones) and night 2 — which makes every call again, no stored reply — ends
-Failed with the drop in its state message and its artifacts published. Every process the test started (server,
+Failed with the drop in its state message and its artifacts published, and the Automation created at deploy time
+posts the failure to a webhook (a real HTTP receiver here); night 3 is compared with night 1, not with the flagged
+night 2. Overlapping triggers are refused: a second nightly-eval while one runs (the deployment's concurrency
+limit), and weekly-retrain while nightly-eval holds the checkout (its global concurrency limit). Every process the test started (server,
 worker, the worker's flow-run processes) is gone afterwards, also when the test itself is SIGKILLed
 (tests/process_supervisor.py). Bad input (a malformed cron, an unknown work pool, a missing DVC remote, an
 unreachable API) is refused by name before anything is registered or any model called."""
@@ -43,7 +46,42 @@ TRAIN = [Task(id=f"math500/t{i}", source="math500", prompt=(f"Compute {a} + {b}.
 IN_DISTRIBUTION = [Task(id="math500/e1", source="math500", prompt=("Compute 21 * 2.",), grader="math", answer="42")]
 HELDOUT = [Task(id=f"gsm8k/h{i}", source="gsm8k", prompt=(q,), grader="math", answer="42")
            for i, q in enumerate(["Tom has 50 apples and gives away 8. How many are left?",
-                                  "A box holds 6 rows of 7 eggs. How many eggs?"])]
+                                  "A box holds 6 rows of 7 eggs. How many eggs?",
+                                  "Ann reads 14 pages a day for 3 days. How many pages?",
+                                  "A bus has 50 seats and 8 are empty. How many are taken?",
+                                  "Six friends share 252 stickers equally. How many each?"])]
+"""Five held-out items: the fewest on which the nightly drop test can call a paired drop (MIN_ITEMS_FOR_OUTCOME)."""
+
+
+class WebhookReceiver:
+    """A notification endpoint on 127.0.0.1: records the JSON body of every POST."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        received = self.received = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                received.append(json.loads(body or b"{}"))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def wait_for(self, n: int, timeout: float = 120) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while len(self.received) < n and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return self.received
 
 
 def _tiny_params(base_url: str) -> dict:
@@ -227,16 +265,33 @@ def test_bad_deployments_are_refused_by_name_before_anything_is_registered(proje
     assert resolve_dvc_remote(project, None) == "local"
 
 
-def test_nightly_eval_deployment_runs_on_a_worker_then_flags_a_silent_model_change(project, prefect, llm):
+@pytest.fixture(scope="module")
+def webhook():
+    receiver = WebhookReceiver()
+    yield receiver
+    receiver.httpd.shutdown()
+
+
+def test_nightly_eval_deployment_runs_on_a_worker_then_flags_a_silent_model_change(project, prefect, llm, webhook):
     env = prefect["env"]
+    doc = yaml.safe_load((project / "prefect.yaml").read_text())
+    doc["trinity"]["notify"]["webhook_url"] = webhook.url  # as a user would: a Slack / Teams / any webhook
+    (project / "prefect.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     r = _deploy(project, env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "2 deployment(s) checked" in r.stdout
+    assert "automations: trinity: nightly-eval failed" in r.stdout and "checkout concurrency limit" in r.stdout
+    automations = httpx.post(f"{prefect['url']}/automations/filter", json={}, timeout=10).json()
+    assert [a["name"] for a in automations] == ["trinity: nightly-eval failed"]
+    assert automations[0]["trigger"]["expect"] == ["prefect.flow-run.Failed"]
     deployments = {d["name"]: d for d in httpx.post(f"{prefect['url']}/deployments/filter", json={},
                                                      timeout=10).json()}
     assert set(deployments) == {"nightly-eval", "weekly-retrain"}
     nightly = deployments["nightly-eval"]
     assert nightly["work_pool_name"] == "trinity" and nightly["parameters"]["drop_threshold"] == 0.05
+    limit = nightly.get("global_concurrency_limit") or {}  # (the deployment's limit, as the API reports it)
+    assert (nightly.get("concurrency_limit") or limit.get("limit")) == 1, nightly
+    assert nightly["concurrency_options"]["collision_strategy"] == "CANCEL_NEW", nightly
     assert [(s["schedule"]["cron"], s["schedule"]["timezone"]) for s in nightly["schedules"]] == [("0 2 * * *", "UTC")]
     assert nightly["pull_steps"] == [{"prefect.deployments.steps.set_working_directory":
                                       {"directory": str(project)}}]
@@ -249,6 +304,7 @@ def test_nightly_eval_deployment_runs_on_a_worker_then_flags_a_silent_model_chan
     calls0 = llm.request_count
     first = _wait_for_run(prefect, _trigger(project, prefect))
     assert first["state"]["type"] == "COMPLETED", (first["state"], (prefect["logs"] / "worker.log").read_text()[-4000:])
+    assert webhook.received == []  # a Completed night notifies nobody
     assert llm.request_count > calls0  # real calls to the endpoint, from the worker's flow-run process
     summary = _artifacts(prefect, SUMMARY_ARTIFACT_KEY)
     table = _artifacts(prefect, SCORES_ARTIFACT_KEY)
@@ -269,6 +325,11 @@ def test_nightly_eval_deployment_runs_on_a_worker_then_flags_a_silent_model_chan
     assert second["state"]["type"] == "FAILED", second["state"]
     msg = second["state"]["message"]
     assert f"score drop beyond 0.050 since {first['name']}" in msg and "alone:api-a on gsm8k 1.000 -> 0.000" in msg
+    assert "(paired -1.000 [-1.000, -1.000], 5 items)" in msg
+    assert "math500" not in msg  # one in-distribution item: too few to call a drop (listed, not flagged)
+    (note,) = webhook.wait_for(1)  # the automation fired: the server posted the failure to the block's webhook
+    assert note["subject"] == f"Trinity: nightly-eval run {second['name']} failed", note
+    assert second["id"] in note["body"] and "score drop beyond 0.050" in note["body"], note
     assert llm.request_count > calls1  # every call made again
     summary = _artifacts(prefect, SUMMARY_ARTIFACT_KEY)
     assert [a["flow_run_id"] for a in summary] == [first["id"], second["id"]]  # the nightly history, one key
@@ -289,6 +350,46 @@ def test_nightly_eval_deployment_runs_on_a_worker_then_flags_a_silent_model_chan
     assert len(runs) == 2 and all((d / "results.json").exists() and (d / "store.duckdb").exists() for d in runs)
     # the flow-run processes were the worker's children, in sessions of their own: the supervisor saw them
     assert len(prefect["sup"].seen) >= 3
+
+    # night 3, still broken: compared with night 1 (night 2 was flagged, so it never became the baseline)
+    third = _wait_for_run(prefect, _trigger(project, prefect))
+    assert third["state"]["type"] == "FAILED" and f"since {first['name']}" in third["state"]["message"], third["state"]
+    history = [json.loads(line) for line in history_path(project).read_text().splitlines()]
+    assert [(h["run"], h["flagged"]) for h in history] == [(first["name"], False), (second["name"], True),
+                                                          (third["name"], True)]
+    assert len(webhook.wait_for(2)) == 2 and third["name"] in webhook.received[1]["subject"]
+    print(f"[deployments] automation 'trinity: nightly-eval failed' posted: {webhook.received[0]}")
+
+
+def test_overlapping_runs_are_refused(project, prefect, llm):
+    """While a nightly-eval runs: a second nightly-eval is Cancelled by the server (the deployment's concurrency
+    limit), and weekly-retrain is refused by the checkout's global concurrency limit (Cancelled, naming it)."""
+    from trinity.ops.checkout_lock import checkout_limit_name
+
+    ANSWER["value"] = "42"
+    llm.latency_s = 8.0  # a night long enough to overlap (below the members' 10 s timeout)
+    try:
+        running = _trigger(project, prefect)
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{prefect['url']}/flow_runs/{running}", timeout=10).json()["state"]["type"] != "RUNNING":
+            assert time.monotonic() < deadline, "the first nightly run never started"
+            time.sleep(0.5)
+        duplicate_id = _trigger(project, prefect)
+        retrain_id = _trigger(project, prefect, "trinity-weekly-retrain/weekly-retrain", "dvc_remote=no-such-remote")
+        duplicate, retrain = _wait_for_run(prefect, duplicate_id), _wait_for_run(prefect, retrain_id)
+        first = _wait_for_run(prefect, running)
+    finally:
+        llm.latency_s = 0.0
+    assert duplicate["state"]["type"] == "CANCELLED", duplicate["state"]
+    assert "concurrency limit" in duplicate["state"]["message"], duplicate["state"]
+    assert retrain["state"]["type"] == "CANCELLED", retrain["state"]
+    assert "holds this checkout" in retrain["state"]["message"] \
+        and checkout_limit_name(project) in retrain["state"]["message"], retrain["state"]
+    assert first["state"]["type"] in ("COMPLETED", "FAILED") and first["start_time"] < retrain["end_time"]
+    assert not (project / "dvc.lock").exists()  # the refused retrain ran nothing
+    print(f"\n[deployments] overlapping: nightly {duplicate['name']} {duplicate['state']['type']} "
+          f"({duplicate['state']['message']}); weekly-retrain {retrain['name']} {retrain['state']['type']} "
+          f"({retrain['state']['message']})")
 
 
 def test_weekly_retrain_checks_the_remote_first_then_reproduces_and_pushes(project, prefect, tmp_path):
@@ -330,6 +431,30 @@ def test_weekly_retrain_checks_the_remote_first_then_reproduces_and_pushes(proje
     print(f"\n[deployments] weekly-retrain runs: {bad['id']} {bad['state']['type']} ({bad['state']['message']}); "
           f"{bad_git['id']} {bad_git['state']['type']} ({bad_git['state']['message']}); "
           f"{run['id']} {run['state']['type']}, commit {head[0][:12]}; artifact key weekly-retrain-summary")
+
+
+def test_the_drop_test_pairs_items_and_a_flagged_night_is_never_the_baseline(tmp_path):
+    from trinity.ops.nightly import append_record, baseline_record
+
+    def night(run, per_item, flagged=False):
+        items = {f"gsm8k/{i}": float(v) for i, v in enumerate(per_item)}
+        return NightlyRecord(run=run, finished_at="t", checkpoint={}, splits={"gsm8k": "heldout_other"},
+                             scores={"trinity": {"gsm8k": sum(per_item) / len(per_item)}},
+                             items={"trinity": {"gsm8k": items}}, flagged=flagged)
+
+    base = night("n1", [1] * 10)
+    half = compare(base, night("n2", [0] * 5 + [1] * 5), 0.05)  # 5 of 10 items turned wrong: a real drop
+    assert half.flagged and half.drops[0].paired[0] == -0.5 and half.drops[0].paired[2] < 0
+    noise = compare(base, night("n2", [0] + [1] * 9), 0.05)  # -0.1, but one item: its interval reaches 0
+    assert not noise.flagged and noise.changes[0].delta == pytest.approx(-0.1) and noise.changes[0].paired[2] == 0
+    few = compare(night("n1", [1] * 3), night("n2", [0] * 3), 0.05)  # every item wrong, but only 3 of them
+    assert not few.flagged and few.changes[0].paired == (-1.0, -1.0, -1.0, 3)
+    assert "paired 95 % interval" in summary_markdown(night("n2", [0] * 5 + [1] * 5), half)
+
+    assert baseline_record(tmp_path) is None
+    append_record(tmp_path, base)
+    append_record(tmp_path, night("n2", [0] * 10, flagged=True))
+    assert baseline_record(tmp_path).run == "n1"  # the flagged night is not tomorrow's baseline
 
 
 def test_comparison_flags_only_drops_beyond_the_threshold():

@@ -10,7 +10,12 @@ problem is reported at once, each naming the file, the deployment and the key:
 - work pool: exists on that API;
 - entrypoint: the file and the flow exist; parameters: valid for the flow's signature, the params file loads;
 - DVC: a flow that pushes to a DVC remote (a `dvc_remote` parameter) finds that remote in the checkout;
-- git: a flow that pushes its commit to a git remote (a `git_remote` parameter) finds that remote too.
+- git: a flow that pushes its commit to a git remote (a `git_remote` parameter) finds that remote too;
+- notifications: prefect.yaml's `trinity.notify` section is well formed and its block exists (trinity.ops.alerts).
+
+After `prefect deploy`, what keeps scheduled runs safe is set up on the same API: the checkout's global
+concurrency limit (trinity.ops.checkout_lock: nightly-eval and weekly-retrain never overlap on one checkout) and
+the Automation of each deployment in `trinity.notify.on_failed` (a Failed run notifies its block).
 
 Also here: `commit_pipeline_state`, weekly-retrain's record of what it pushed (dvc.lock is the only pointer to
 the pushed outputs: without it in git, nobody else can `dvc pull` them).
@@ -38,14 +43,18 @@ class GitError(ValueError):
     """The checkout is not a git repository, a git remote is not configured, or a git command failed."""
 
 
-def load_prefect_file(path: Path) -> list[dict[str, Any]]:
+def load_prefect_doc(path: Path) -> dict[str, Any]:
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         raise DeploymentConfigError(f"{path}: file not found") from None
     except yaml.YAMLError as e:
         raise DeploymentConfigError(f"{path}: not valid YAML: {e}") from None
-    deployments = (doc or {}).get("deployments")
+    return doc if isinstance(doc, dict) else {}
+
+
+def load_prefect_file(path: Path) -> list[dict[str, Any]]:
+    deployments = load_prefect_doc(path).get("deployments")
     if not isinstance(deployments, list) or not deployments:
         raise DeploymentConfigError(f"{path}: no `deployments:` list")
     return deployments
@@ -169,17 +178,32 @@ def check_deployments(root: Path, prefect_file: Path, names: list[str] | None = 
     from prefect.exceptions import ObjectNotFound
     from prefect.flows import load_flow_from_entrypoint
 
+    from trinity.ops.alerts import NotifyConfigError, notification_block_id, notify_settings
+
     root, prefect_file = Path(root), Path(prefect_file)
     url = check_api()
     deployments = load_prefect_file(prefect_file)
+    problems: list[str] = []
+    try:
+        notify = notify_settings(load_prefect_doc(prefect_file), str(prefect_file))
+        unknown = [n for n in notify.on_failed if n not in [d.get("name") for d in deployments]]
+        if unknown:
+            problems.append(f"{prefect_file}: trinity.notify.on_failed: no deployment named {unknown}")
+    except NotifyConfigError as e:
+        notify = None
+        problems.append(str(e))
     known = [d.get("name") for d in deployments]
     if names:
         unknown = [n for n in names if n not in known]
         if unknown:
             raise DeploymentConfigError(f"{prefect_file}: no deployment named {unknown} (declared: {known})")
         deployments = [d for d in deployments if d.get("name") in names]
-    problems: list[str] = []
     with get_client(sync_client=True) as client:
+        if notify is not None and notify.block:
+            try:
+                notification_block_id(client, notify)
+            except NotifyConfigError as e:
+                problems.append(f"{prefect_file}: {e}")
         for i, dep in enumerate(deployments):
             where = f"{prefect_file}: deployments[{dep.get('name') or i}]"
             if not dep.get("name"):
@@ -273,3 +297,32 @@ def deploy(root: Path, prefect_file: Path, names: list[str] | None = None, env: 
     r = subprocess.run(cmd, cwd=root, env=env)
     if r.returncode != 0:
         raise DeploymentConfigError(f"`{' '.join(cmd[2:])}` failed (exit {r.returncode}); its output is above")
+    safeguard(root, prefect_file, deployments)
+
+
+def safeguard(root: Path, prefect_file: Path, deployments: list[dict]) -> None:
+    """What keeps the registered deployments safe (module doc): the checkout's concurrency limit, and the failure
+    automations of `trinity.notify` (replaced on every deploy)."""
+    from prefect.client.orchestration import get_client
+
+    from trinity.ops.alerts import ensure_failure_automations, notify_settings
+    from trinity.ops.checkout_lock import ensure_checkout_limit
+
+    notify = notify_settings(load_prefect_doc(prefect_file), str(prefect_file))
+    with get_client(sync_client=True) as client:
+        limit = ensure_checkout_limit(client, root)
+        print(f"[deploy] checkout concurrency limit {limit!r} (1 slot): nightly-eval and weekly-retrain never "
+              f"overlap on {Path(root).resolve()}", flush=True)
+        wanted = {d["name"]: d.get("entrypoint") for d in deployments}
+        registered = {d.name: d.id for d in client.read_deployments()
+                      if d.name in wanted and d.entrypoint == wanted[d.name]}
+        on = [n for n in notify.on_failed if n in wanted]
+        if not notify.enabled or not on:
+            print("[deploy] no failure notification: prefect.yaml's trinity.notify names no block or webhook_url "
+                  "(a Failed run notifies nobody)", flush=True)
+            return
+        from dataclasses import replace
+
+        made = ensure_failure_automations(client, replace(notify, on_failed=on), registered)
+        print(f"[deploy] automations: {', '.join(made)} (a Failed run notifies "
+              f"{notify.block or notify.webhook_url})", flush=True)

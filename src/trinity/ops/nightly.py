@@ -6,11 +6,16 @@ It runs the evaluate stage's own code (`trinity.stages.evaluate`) with `NightlyP
 prepared splits and checkpoint but write the results, and the store, under `data/nightly/runs/<run>/` — never
 the DVC outputs under `data/eval/`.
 
-Each evaluated night appends one record to `data/nightly/history.jsonl` (its run, checkpoint, and every method's
-score per benchmark, normalised to [0, 1] by the benchmark's scale). `compare` sets tonight against the last
-record: a drop of more than the threshold in any method's score on any benchmark (the coordinator's, or one
-member's alone — the row that names the endpoint that changed) is flagged. flows/nightly_eval.py runs this as
-a Prefect flow, publishes the comparison as artifacts and ends the run Failed when a drop is flagged.
+Each evaluated night appends one record to `data/nightly/history.jsonl` (its run, checkpoint, every method's
+score per benchmark and per item, normalised to [0, 1] by the benchmark's scale, and whether it was flagged).
+`compare` sets tonight against the baseline, the last night that was *not* flagged (`baseline_record`): a
+flagged night never becomes the norm, so a regression keeps failing every night until it is fixed. A drop is
+flagged for a (method, benchmark) — the coordinator's, or one member's alone, the row that names the endpoint
+that changed — when, over the items both nights scored, the mean paired difference (tonight − baseline) is
+below −threshold *and* its 95 % paired bootstrap interval lies below 0, over at least `MIN_ITEMS_FOR_OUTCOME`
+items (the rule of the evaluation report, `trinity.evaluation.stats`: fewer items cannot show a difference at the
+5 % level): a change that a few items' noise can explain is listed, not flagged. flows/nightly_eval.py runs this as a Prefect flow,
+publishes the comparison as artifacts and ends the run Failed when a drop is flagged.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trinity.evaluation.results import EvalResults
+from trinity.evaluation.stats import MIN_ITEMS_FOR_OUTCOME, paired_bootstrap
 from trinity.stages.paths import Paths
 
 SUMMARY_ARTIFACT_KEY = "nightly-eval-summary"
@@ -29,6 +35,8 @@ SCORES_ARTIFACT_KEY = "nightly-eval-scores"
 
 ORACLE_PREFIX = "oracle:"
 """Oracle rows are derived in hindsight from the single members' rows: never compared on their own."""
+DROP_RESAMPLES = 2000
+DROP_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -81,32 +89,58 @@ class NightlyRecord:
     """method → benchmark → score / scale (in [0, 1]); a benchmark nothing scored is left out."""
     averages: dict[str, dict[str, float]] = field(default_factory=dict)
     results_path: str = ""
+    items: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """method → benchmark → item id → score / scale: what the paired drop test pairs (older records: empty)."""
+    flagged: bool = False
+    """Whether this night was flagged (a flagged night is never the baseline)."""
 
     @classmethod
-    def from_results(cls, results: EvalResults, run: str, results_path: Path | str = "") -> "NightlyRecord":
+    def from_results(cls, results: EvalResults, run: str, results_path: Path | str = "",
+                     episodes: Path | None = None) -> "NightlyRecord":
+        """The night's record from its results.json (`results`) and, for the per-item scores, its episodes.jsonl."""
         scale = {b.name: b.scale for b in results.benchmarks}
         scores = {m: {b: c.score / scale[b] for b, c in per.items() if c.score is not None}
                   for m, per in results.scores.items() if not m.startswith(ORACLE_PREFIX)}
         averages = {m: {s: v for s, v in per.items() if v is not None}
                     for m, per in results.averages.items() if not m.startswith(ORACLE_PREFIX)}
+        items: dict[str, dict[str, dict[str, float]]] = {}
+        if episodes is not None:
+            for line in Path(episodes).read_text().splitlines():
+                row = json.loads(line) if line.strip() else None
+                if row and row.get("score") is not None and row["benchmark"] in scale \
+                        and not row["method"].startswith(ORACLE_PREFIX):
+                    items.setdefault(row["method"], {}).setdefault(row["benchmark"], {})[row["task_id"]] = \
+                        row["score"] / scale[row["benchmark"]]
         return cls(run=run, finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    checkpoint=results.checkpoint.to_json() if results.checkpoint else {},
                    splits={b.name: b.split for b in results.benchmarks}, scores=scores,
-                   averages=averages, results_path=str(results_path))
+                   averages=averages, results_path=str(results_path), items=items)
+
+
+def _records(root: Path) -> list[NightlyRecord]:
+    path = history_path(root)
+    if not path.exists():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(NightlyRecord(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{path}, line {i}: not a nightly record ({e}); fix or remove that line") from None
+    return out
 
 
 def last_record(root: Path) -> NightlyRecord | None:
     """The previous night's record (the last line of history.jsonl), or None before the first night."""
-    path = history_path(root)
-    if not path.exists():
-        return None
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    if not lines:
-        return None
-    try:
-        return NightlyRecord(**json.loads(lines[-1]))
-    except (json.JSONDecodeError, TypeError) as e:
-        raise ValueError(f"{path}, line {len(lines)}: not a nightly record ({e}); fix or remove that line") from None
+    records = _records(root)
+    return records[-1] if records else None
+
+
+def baseline_record(root: Path) -> NightlyRecord | None:
+    """What tonight is compared with: the last night that was not flagged (None before the first such night)."""
+    return next((r for r in reversed(_records(root)) if not r.flagged), None)
 
 
 def append_record(root: Path, record: NightlyRecord) -> Path:
@@ -124,6 +158,8 @@ class ScoreChange:
     split: str
     previous: float | None
     current: float | None
+    paired: tuple[float, float, float, int] | None = None
+    """(mean of tonight − baseline, 95 % interval low, high, items) over the items both nights scored."""
 
     @property
     def delta(self) -> float | None:
@@ -132,7 +168,7 @@ class ScoreChange:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Tonight against the previous night: every (method, benchmark) score and the drops beyond the threshold."""
+    """Tonight against the baseline night: every (method, benchmark) score and the drops flagged (module doc)."""
 
     threshold: float
     previous_run: str | None
@@ -148,21 +184,45 @@ class Comparison:
         if self.previous_run is None:
             return "first nightly evaluation: nothing to compare with yet"
         if not self.drops:
-            return f"no score dropped by more than {self.threshold:.3f} since {self.previous_run}"
-        worst = ", ".join(f"{d.method} on {d.benchmark} {d.previous:.3f} -> {d.current:.3f}" for d in self.drops)
+            return (f"no score dropped by more than {self.threshold:.3f} (with a paired 95 % interval below 0) since "
+                    f"{self.previous_run}")
+        worst = ", ".join(f"{d.method} on {d.benchmark} {d.previous:.3f} -> {d.current:.3f}"
+                          + (f" (paired {d.paired[0]:+.3f} [{d.paired[1]:+.3f}, {d.paired[2]:+.3f}], {d.paired[3]} items)"
+                             if d.paired else "") for d in self.drops)
         return f"score drop beyond {self.threshold:.3f} since {self.previous_run}: {worst}"
 
 
+def _paired(previous: NightlyRecord, current: NightlyRecord, method: str, bench: str):
+    mine = current.items.get(method, {}).get(bench, {})
+    theirs = previous.items.get(method, {}).get(bench, {})
+    both = sorted(set(mine) & set(theirs))
+    if not both:
+        return None
+    iv = paired_bootstrap([mine[i] for i in both], [theirs[i] for i in both], n_resamples=DROP_RESAMPLES,
+                          seed=DROP_SEED)
+    return (float(iv.estimate), float(iv.low), float(iv.high), len(both))
+
+
 def compare(previous: NightlyRecord | None, current: NightlyRecord, threshold: float) -> Comparison:
+    """Tonight (`current`) against the baseline (`previous`, see `baseline_record`): a drop is flagged when the
+    paired mean over at least MIN_ITEMS_FOR_OUTCOME shared items is below −threshold and its interval lies below
+    0; records without per-item scores (older ones) fall back to the benchmark scores alone."""
     threshold = check_threshold(threshold)
     changes = []
     for method, per in current.scores.items():
         prev = previous.scores.get(method, {}) if previous else {}
         for bench in sorted(set(per) | set(prev)):
             split = current.splits.get(bench) or (previous.splits.get(bench, "") if previous else "")
-            changes.append(ScoreChange(method, bench, split, prev.get(bench), per.get(bench)))
-    # a small tolerance: a score equal to the threshold's edge is not a drop because of float rounding
-    drops = [c for c in changes if c.delta is not None and -c.delta > threshold + 1e-9]
+            paired = _paired(previous, current, method, bench) if previous else None
+            changes.append(ScoreChange(method, bench, split, prev.get(bench), per.get(bench), paired))
+
+    def dropped(c: ScoreChange) -> bool:
+        # a small tolerance: a score equal to the threshold's edge is not a drop because of float rounding
+        if c.paired is not None:
+            return -c.paired[0] > threshold + 1e-9 and c.paired[2] < 0 and c.paired[3] >= MIN_ITEMS_FOR_OUTCOME
+        return c.delta is not None and -c.delta > threshold + 1e-9
+
+    drops = [c for c in changes if dropped(c)]
     return Comparison(threshold=threshold, previous_run=previous.run if previous else None,
                       checkpoint_changed=bool(previous) and previous.checkpoint.get("run_fingerprint")
                       != current.checkpoint.get("run_fingerprint"),
@@ -178,6 +238,9 @@ def scores_table(comparison: Comparison) -> list[dict]:
     dropped = {(d.method, d.benchmark) for d in comparison.drops}
     return [{"method": c.method, "benchmark": c.benchmark, "split": c.split, "score": c.current,
              "previous": c.previous, "delta": None if c.delta is None else round(c.delta, 4),
+             "paired_low": None if c.paired is None else round(c.paired[1], 4),
+             "paired_high": None if c.paired is None else round(c.paired[2], 4),
+             "paired_items": None if c.paired is None else c.paired[3],
              "dropped": (c.method, c.benchmark) in dropped} for c in comparison.changes]
 
 
@@ -190,13 +253,17 @@ def summary_markdown(current: NightlyRecord, comparison: Comparison) -> str:
              f"- checkpoint: run `{ckpt.get('run_fingerprint')}`, method {ckpt.get('method')}, "
              f"code `{ckpt.get('code_version')}`"
              + (" (**changed since the previous night**)" if comparison.checkpoint_changed else ""),
-             f"- drop threshold: {comparison.threshold:.3f} of a benchmark's scale; every method is compared "
-             "(a member's own row names the endpoint that changed)",
+             f"- baseline: {comparison.previous_run or 'none'} (the last night that was not flagged)",
+             f"- drop threshold: {comparison.threshold:.3f} of a benchmark's scale, with the paired 95 % interval "
+             "of (tonight − baseline) below 0; every method is compared (a member's own row names the endpoint "
+             "that changed)",
              f"- results: `{current.results_path}`", "",
-             "| method | benchmark | split | score | previous | delta |", "|---|---|---|---|---|---|"]
+             "| method | benchmark | split | score | baseline | delta | paired 95 % interval (items) |",
+             "|---|---|---|---|---|---|---|"]
     dropped = {(d.method, d.benchmark) for d in comparison.drops}
     for c in comparison.changes:
         mark = " **drop**" if (c.method, c.benchmark) in dropped else ""
+        iv = "—" if c.paired is None else f"[{c.paired[1]:+.3f}, {c.paired[2]:+.3f}] ({c.paired[3]})"
         lines.append(f"| {c.method} | {c.benchmark} | {c.split} | {_fmt(c.current)} | {_fmt(c.previous)} | "
-                     f"{'—' if c.delta is None else f'{c.delta:+.3f}'}{mark} |")
+                     f"{'—' if c.delta is None else f'{c.delta:+.3f}'}{mark} | {iv} |")
     return "\n".join(lines) + "\n"
