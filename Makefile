@@ -25,7 +25,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export WANDB_SILENT := true
 
-.PHONY: setup setup-sandbox run run-full run-every-item ablation cost-front test test-slow check-graders bench clean-venv
+.PHONY: setup setup-sandbox run run-full run-every-item ablation cost-front prefect-server test test-slow check-graders bench clean-venv
 
 setup: $(SETUP_STAMP)
 
@@ -117,6 +117,13 @@ COST_WEIGHTS ?= 0.002,0.005,0.01,0.02
 COST_OUT ?= reports
 cost-front: setup setup-sandbox
 	$(PY) scripts/cost_front.py --weights $(COST_WEIGHTS) --out-dir $(COST_OUT)
+
+# A long-lived Prefect server (docs/operations.md, "Prefect"): deployments, schedules, concurrency limits and
+# automations live in it; with PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api every stage reports to it.
+PREFECT_PORT ?= 4200
+prefect-server: setup
+	PREFECT_HOME="$(CURDIR)/data/prefect-server" PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 \
+		$(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
 
 test: setup
 	bash scripts/run_tests.sh -m "not slow"
