@@ -54,7 +54,8 @@ $(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.s
 
 # the evaluation grades BigCodeBench-Hard in the sandbox with its own environment: built once (setup-sandbox)
 run: setup setup-sandbox
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro
+	WANDB_RUN_GROUP="$${WANDB_RUN_GROUP:-run-$$(date -u +%Y%m%dT%H%M%S)}" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
+		$(VENV)/bin/dvc repro
 	@echo; cat reports/summary.md
 
 # `dvc exp show` with the columns that compare runs (all of them make a table hundreds of characters wide)

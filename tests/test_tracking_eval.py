@@ -16,7 +16,8 @@ import yaml
 
 from trinity.config import load_settings
 from trinity.evaluation.results import EvalResults
-from trinity.ops.tracking import StageRun, artifact_name, log_eval_results, wandb_group
+from trinity.ops.tracking import (StageRun, artifact_name, content_alias, log_eval_results, recorded_inputs,
+                                  restore_lineage, wandb_group)
 
 KEY_ENV = "TRINITY_TRACKING_TEST_CRED"  # a name redact would not guess: only the pool registration catches it
 BENCHMARKS = ("math500", "mt_bench")
@@ -172,8 +173,8 @@ def test_eval_results_tables_summary_plots_artifacts_and_lineage(env, tmp_path, 
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # offline: recorded, no raise, no warning
             assert run.use_artifact("prepared data", "dataset") is None
-            assert run.use_artifact("checkpoint", "model") is None
-            assert run.use_artifact("checkpoint", "model") is None  # declared once
+            assert run.use_artifact("checkpoint", "model", [ckpt / "coordinator.json"]) is None
+            assert run.use_artifact("checkpoint", "model", [ckpt / "coordinator.json"]) is None  # declared once
         log_eval_results(run, EvalResults.from_dict(results), plots)
         art = run.log_artifact("eval results/v1:x", "eval", [eval_dir / "results.json", eval_dir / "episodes.jsonl",
                                                             ckpt], metadata={"n_items": 5, "wall_s": float("nan")})
@@ -193,10 +194,33 @@ def test_eval_results_tables_summary_plots_artifacts_and_lineage(env, tmp_path, 
         assert summary[f"avg_in_distribution/{m}"] == results["averages"][m]["in_distribution"]
         assert summary[f"avg_heldout/{m}"] == results["averages"][m]["heldout"]
 
-    # offline lineage: the inputs are in the config and the summary
+    # offline lineage: the exact inputs (the version their files are) are in the config and the summary, where
+    # restore_lineage finds them after `wandb sync`
     inputs = [{"name": "prepared-data", "type": "dataset", "alias": "latest"},
-              {"name": "checkpoint", "type": "model", "alias": "latest"}]
+              {"name": "checkpoint", "type": "model", "alias": content_alias([ckpt / "coordinator.json"])}]
+    assert inputs[1]["alias"].startswith("c-") and len(inputs[1]["alias"]) == 22
     assert summary["inputs"] == inputs and info["config"]["inputs"] == inputs
+    assert recorded_inputs(run_dir) == inputs
+
+    class PublicApi:  # W&B's public API (wandb.Api) is out of reach here: what restore_lineage asks of it
+        def __init__(self):
+            self.used = []
+
+        def run(self, path):
+            api = self
+
+            class Run:
+                def use_artifact(self, artifact):
+                    api.used.append((path, artifact))
+            return Run()
+
+        def artifact(self, ref, type):
+            return (ref, type)
+
+    api = PublicApi()
+    declared = restore_lineage(api, "me/trinity/abc123", recorded_inputs(run_dir))
+    assert declared == ["me/trinity/prepared-data:latest", f"me/trinity/checkpoint:{inputs[1]['alias']}"]
+    assert api.used[1] == ("me/trinity/abc123", (declared[1], "model"))
 
     # a table per benchmark, the summary table, the paired table
     for b in BENCHMARKS:
@@ -225,6 +249,9 @@ def test_eval_results_tables_summary_plots_artifacts_and_lineage(env, tmp_path, 
     # the artifact: files by name, the directory as a tree, metadata JSON-safe; staged inside WANDB_DIR
     (record,) = [a for a in info["artifacts"] if a.type == "eval"]
     assert record.name == "eval-results-v1-x"
+    # the version's content alias: what a consumer of these very files names
+    assert set(record.aliases) == {"latest", content_alias([eval_dir / "results.json", eval_dir / "episodes.jsonl",
+                                                              ckpt])}
     assert json.loads(record.metadata) == {"n_items": 5, "wall_s": None}
     entries = {e.path: e for e in record.manifest.contents}
     if not entries and record.manifest.manifest_file_path:  # large manifests go to a gzipped file

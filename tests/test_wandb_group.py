@@ -1,6 +1,7 @@
 """One W&B group per pipeline run (`trinity.ops.tracking.wandb_group`): every stage of one real `dvc repro` (separate
-processes DVC starts) gets the same group, the next repro another; TRINITY_WANDB_GROUP overrides it; the stage
-flows of one Prefect pipeline flow run share the root flow run's group."""
+processes DVC starts) gets the same group, the next repro another; WANDB_RUN_GROUP, then TRINITY_WANDB_GROUP,
+override it; a `dvc exp run` is grouped by its experiment's name (DVC_EXP_NAME); the stage flows of one Prefect
+pipeline flow run share the root flow run's group."""
 import os
 import subprocess
 import sys
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from trinity.ops.tracking import GROUP_ENV, pipeline_run_id, wandb_group
+from trinity.ops.tracking import DVC_EXP_ENV, GROUP_ENV, WANDB_GROUP_ENV, pipeline_run_id, wandb_group
+
+GROUP_ENVS = (GROUP_ENV, WANDB_GROUP_ENV, DVC_EXP_ENV)
 
 # Each stage prints the group a StageRun of its process would get, into its own DVC output.
 DVC_YAML = """stages:
@@ -30,7 +33,7 @@ def _sh(cmd, cwd, env):
 
 @pytest.fixture
 def dvc_repo(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != GROUP_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in GROUP_ENVS}
     env.update({"PATH": f"{Path(sys.executable).parent}:{env['PATH']}", "DVC_NO_ANALYTICS": "1"})
     (tmp_path / "dvc.yaml").write_text(DVC_YAML.format(py=sys.executable))
     _sh(["git", "init", "-q"], tmp_path, env)
@@ -55,10 +58,22 @@ def test_the_stages_of_one_dvc_repro_share_a_group_and_the_next_repro_gets_anoth
 
     _sh(["dvc", "repro", "-f"], repo, {**env, GROUP_ENV: "nightly-42"})  # the user's name wins
     assert _groups(repo) == ("nightly-42", "nightly-42")
+    _sh(["dvc", "repro", "-f"], repo, {**env, WANDB_GROUP_ENV: "sweep-7", GROUP_ENV: "nightly-42"})  # W&B's own first
+    assert _groups(repo) == ("sweep-7", "sweep-7")
+
+
+def test_a_dvc_experiment_is_grouped_by_its_name(dvc_repo):
+    """`dvc exp run --name` gives every stage DVC_EXP_NAME: the experiment is the group."""
+    repo, env = dvc_repo
+    _sh(["git", "add", "-A"], repo, env)
+    _sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init"], repo, env)
+    _sh(["dvc", "exp", "run", "--name", "ablation-x"], repo, env)
+    assert _groups(repo) == ("exp-ablation-x", "exp-ablation-x")
 
 
 def test_outside_dvc_and_prefect_a_process_is_its_own_run(monkeypatch):
-    monkeypatch.delenv(GROUP_ENV, raising=False)
+    for name in GROUP_ENVS:
+        monkeypatch.delenv(name, raising=False)
     group = wandb_group()
     assert group == pipeline_run_id() and group.startswith("proc-") and group.endswith(f"-{os.getpid()}")
     monkeypatch.setenv(GROUP_ENV, "  my-sweep ")
@@ -68,7 +83,8 @@ def test_outside_dvc_and_prefect_a_process_is_its_own_run(monkeypatch):
 
 
 def test_the_stage_flows_of_one_pipeline_flow_run_share_its_group(monkeypatch):
-    monkeypatch.delenv(GROUP_ENV, raising=False)
+    for name in GROUP_ENVS:
+        monkeypatch.delenv(name, raising=False)
     from prefect import flow
 
     @flow(name="stage-like")

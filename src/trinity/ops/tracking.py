@@ -3,11 +3,19 @@
 Everything logged passes through `redact` first, so no API key reaches a W&B config, summary, table,
 artifact metadata or artifact file.
 
-Runs of one pipeline run share a W&B group, and the next pipeline run gets another (`wandb_group`): env
-`TRINITY_WANDB_GROUP` when set (the user's override), else an id of the run that started the stage process —
-the nearest `dvc` ancestor process (`dvc repro`, `dvc exp run`: `dvc-<its start time>-<its pid>`), else the
-root Prefect flow run (flows/pipeline.py: `prefect-<root flow run id>`), else this process. The job type is the
-stage name.
+Runs of one pipeline run share a W&B group, and the next pipeline run gets another (`wandb_group`): W&B's own
+`WANDB_RUN_GROUP` when set (`make run` sets one per run), else `TRINITY_WANDB_GROUP`, else the DVC experiment's
+name (`DVC_EXP_NAME`, which `dvc exp run` gives every stage: `exp-<name>`), else an id of the run that started the
+stage process — the root Prefect flow run (flows/pipeline.py: `prefect-<root flow run id>`), the nearest `dvc`
+ancestor process of a hand-typed `dvc repro` (`dvc-<its start time>-<its pid>`: DVC tells a plain repro's stages
+nothing per-run) — else this process. The job type is the stage name.
+
+Lineage is to exact versions. An artifact version is named by its content: the producer logs it with the alias
+`c-<hash of its files>` (`content_alias`) besides `latest`, and a consumer declares `<name>:c-<hash>` of the very
+files it read, so an evaluation points at the checkpoint it evaluated, even after an ablation logged others.
+Online, `use_artifact` draws the edge; offline (W&B cannot declare inputs then), the exact inputs are recorded in
+the run's config and summary (`inputs`), and `restore_lineage` declares them through the public API once
+`wandb sync` has uploaded the runs (`python -m trinity.ops.tracking sync`).
 
 Where W&B keeps its files. Runs are written under WANDB_DIR (default `data/wandb`, inside the project). W&B
 also copies every artifact file (and every logged table: tables are artifacts too) to a *staging* dir,
@@ -20,6 +28,7 @@ what a later `wandb sync` needs (at the same absolute path, as W&B records absol
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -37,6 +46,10 @@ from trinity.evaluation.results import SPLIT_KEYS, Cell, EvalResults
 from trinity.redact import redact, redact_text, register_pool
 
 GROUP_ENV = "TRINITY_WANDB_GROUP"
+INPUTS_FILE = "trinity_inputs.json"
+"""The run's exact inputs, as a file of the run (in its files/ directory), for `restore_lineage` after a sync."""
+WANDB_GROUP_ENV = "WANDB_RUN_GROUP"
+DVC_EXP_ENV = "DVC_EXP_NAME"
 
 # Keys the runs log (log_eval_results; trinity.ops.wandb_report builds its panels from the keys the runs hold).
 EVAL_TABLE_PREFIX = "eval/"
@@ -60,20 +73,23 @@ _NAME_MAXLEN = 128
 def wandb_group() -> str:
     """The W&B group of this process's stage runs: one per pipeline run, shared by all its stages.
 
-    1. env TRINITY_WANDB_GROUP, when set: the user's name for the run (several repros may share it on purpose),
-       made a valid group name (`group_name`).
-    2. `dvc-<start>-<pid>` of the nearest `dvc` ancestor process. DVC starts every stage of a `dvc repro` (or
+    1. env WANDB_RUN_GROUP (W&B's own), else TRINITY_WANDB_GROUP, when set: the user's name for the run (several
+       repros may share it on purpose), made a valid group name (`group_name`).
+    2. `exp-<DVC_EXP_NAME>`: `dvc exp run` names the experiment in every stage's environment.
+    3. `dvc-<start>-<pid>` of the nearest `dvc` ancestor process. DVC starts every stage of a `dvc repro` (or
        `dvc exp run`) as a child process of that one `dvc` process, and tells a stage command nothing that is
        per-run (its env has only DVC_ROOT and DVC_STAGE), so the dvc process itself is the run: every stage
        of the repro finds the same one, and the next repro is another process (another pid, another start
        time: a reused pid does not start at the same second). Nothing is written to disk, so a crashed or
        partial repro leaves no state that a later one could pick up; stages DVC skips simply have no run in
        the group (their runs are in the group of the repro that ran them).
-    3. `prefect-<root flow run id>` inside a Prefect flow run: the pipeline flow (flows/pipeline.py) runs the
+    4. `prefect-<root flow run id>` inside a Prefect flow run: the pipeline flow (flows/pipeline.py) runs the
        stage flows as subflows of one root flow run, in one process.
-    4. `proc-<start>-<pid>` of this process: a stage run by hand, or a test, is its own run.
+    5. `proc-<start>-<pid>` of this process: a stage run by hand, or a test, is its own run.
     """
-    group = group_name(os.environ.get(GROUP_ENV, ""))
+    group = group_name(os.environ.get(WANDB_GROUP_ENV, "") or os.environ.get(GROUP_ENV, ""))
+    if not group and os.environ.get(DVC_EXP_ENV):
+        group = group_name(f"exp-{os.environ[DVC_EXP_ENV]}")
     return group or pipeline_run_id()
 
 
@@ -152,6 +168,25 @@ def artifact_name(name: str) -> str:
     (other runs of characters, e.g. '/', ':' or spaces, become one '-')."""
     clean = re.sub(r"[^A-Za-z0-9._-]+", "-", redact_text(str(name))).strip("-.")
     return clean[:_NAME_MAXLEN].rstrip("-.") or "artifact"
+
+
+def content_alias(paths: Iterable[Path]) -> str:
+    """`c-<hash>` of the files an artifact holds (each file by its name as logged, a directory by its tree): the
+    same files give the same alias, so a consumer names the exact version a producer logged."""
+    import hashlib
+
+    h = hashlib.sha256()
+    entries = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            entries += [(f"{p.name}/{f.relative_to(p).as_posix()}", f) for f in sorted(p.rglob("*")) if f.is_file()]
+        elif p.is_file():
+            entries.append((p.name, p))
+        else:
+            raise FileNotFoundError(f"no such file or directory: {p}")
+    for entry, f in sorted(entries):
+        h.update(entry.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return "c-" + h.hexdigest()[:20]
 
 
 def _artifact_type(type: str) -> str:
@@ -295,30 +330,32 @@ class StageRun:
         if redacted_files:
             meta["redacted_files"] = redacted_files
         artifact.metadata = _json_safe(redact(meta))
-        return self.run.log_artifact(artifact)
+        return self.run.log_artifact(artifact, aliases=["latest", content_alias(paths)])
 
-    def use_artifact(self, name: str, type: str):
-        """Declare that this run consumed the latest version of artifact `name` of `type` (the lineage
-        prepared data -> checkpoint -> eval). The dependency is always recorded in the run's config and
-        summary ("inputs": [{"name", "type", "alias"}]).
+    def use_artifact(self, name: str, type: str, paths: Iterable[Path] | None = None):
+        """Declare that this run consumed artifact `name` of `type` (the lineage prepared data -> checkpoint ->
+        eval): the exact version holding the files `paths` (`content_alias`; None: "latest"). The dependency is
+        always recorded in the run's config and summary ("inputs": [{"name", "type", "alias"}]).
 
-        Online, this also calls `run.use_artifact("<name>:latest")` and returns the artifact (None, with a
+        Online, this also calls `run.use_artifact("<name>:<alias>")` and returns the artifact (None, with a
         warning, when W&B cannot resolve it, e.g. its producer run is not synced yet). Offline (or disabled)
-        it returns None and does not raise: offline mode cannot draw consumer edges: they appear once runs
-        are synced and online (W&B 0.31's `run.use_artifact` raises TypeError in offline mode, and an offline
-        run cannot resolve an artifact logged by another run)."""
-        entry = {"name": artifact_name(name), "type": _artifact_type(type), "alias": "latest"}
+        it returns None and does not raise: W&B 0.31's `run.use_artifact` raises TypeError in offline mode, so
+        the recorded inputs are what `restore_lineage` declares after `wandb sync`."""
+        alias = content_alias(paths) if paths is not None else "latest"
+        entry = {"name": artifact_name(name), "type": _artifact_type(type), "alias": alias}
         if entry not in self._inputs:
             self._inputs.append(entry)
         inputs = redact([dict(e) for e in self._inputs])
         self.run.config.update({"inputs": inputs}, allow_val_change=True)
         self.run.summary["inputs"] = inputs
+        if self.dir:  # a file of the run (synced with it), where `recorded_inputs` reads them back
+            (Path(self.dir) / INPUTS_FILE).write_text(json.dumps(inputs, indent=1))
         if self.offline:
             return None
         try:
-            return self.run.use_artifact(f"{entry['name']}:latest", type=entry["type"])
+            return self.run.use_artifact(f"{entry['name']}:{alias}", type=entry["type"])
         except Exception as e:  # lineage is worth a warning, never a failed stage
-            warnings.warn(f"W&B could not resolve input artifact {entry['name']}:latest "
+            warnings.warn(f"W&B could not resolve input artifact {entry['name']}:{alias} "
                           f"({redact_text(str(e))})", stacklevel=2)
             return None
 
@@ -400,5 +437,61 @@ def log_eval_results(tracker: StageRun, results: EvalResults, plots_dir: Path | 
     tracker.summary(values)
 
 
+def recorded_inputs(run_dir: Path) -> list[dict]:
+    """The exact inputs an (offline) run recorded (`INPUTS_FILE` in its files/ directory); [] when it used none."""
+    path = Path(run_dir) / "files" / INPUTS_FILE
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def restore_lineage(api, run_path: str, inputs: list[dict]) -> list[str]:
+    """Declare, through W&B's public API (`wandb.Api()`), the inputs an offline run recorded as used by that run
+    once synced (`run_path`: entity/project/run_id): the versions `<name>:<alias>` of the run's project. Returns
+    the artifacts declared."""
+    entity_project = run_path.rsplit("/", 1)[0]
+    run = api.run(run_path)
+    done = []
+    for e in inputs:
+        ref = f"{entity_project}/{e['name']}:{e['alias']}"
+        run.use_artifact(api.artifact(ref, type=e["type"]))
+        done.append(ref)
+    return done
+
+
+def sync(wandb_dir: Path, project: str = "trinity", entity: str | None = None,
+         timeout_s: float = 600) -> list[tuple[str, list[str]]]:
+    """`wandb sync` every offline run under `wandb_dir` (each under a timeout: it hangs when the server is out of
+    reach), then `restore_lineage` of each; returns (run path, artifacts declared) per run. Needs W&B online."""
+    import subprocess
+
+    import wandb
+
+    api = wandb.Api()
+    out = []
+    for run_dir in sorted(Path(wandb_dir).glob("wandb/offline-run-*")):
+        cmd = [sys.executable, "-m", "wandb", "sync", "--project", project, *(["--entity", entity] if entity else []),
+               str(run_dir)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        if r.returncode != 0:
+            raise RuntimeError(f"`wandb sync {run_dir}` failed (exit {r.returncode}): {(r.stderr or r.stdout)[-500:]}")
+        run_id = run_dir.name.rsplit("-", 1)[-1]
+        path = f"{entity or api.default_entity}/{project}/{run_id}"
+        out.append((path, restore_lineage(api, path, recorded_inputs(run_dir))))
+    return out
+
+
 __all__ = ["EVAL_PAIRED_TABLE", "EVAL_SUMMARY_TABLE", "EVAL_TABLE_PREFIX", "GROUP_ENV", "PLOTS_PREFIX", "StageRun",
-           "artifact_name", "group_name", "log_eval_results", "pipeline_run_id", "wandb_group"]
+           "artifact_name", "content_alias", "group_name", "log_eval_results", "pipeline_run_id", "recorded_inputs",
+           "restore_lineage", "sync", "wandb_group"]
+
+
+if __name__ == "__main__":  # python -m trinity.ops.tracking sync [WANDB_DIR] [--entity E]
+    import argparse
+
+    ap = argparse.ArgumentParser(description="sync offline W&B runs, then restore their exact-version lineage")
+    ap.add_argument("command", choices=["sync"])
+    ap.add_argument("wandb_dir", nargs="?", default=str(PROJECT_ROOT / "data" / "wandb"))
+    ap.add_argument("--project", default="trinity", help="the params' tracking.wandb_project")
+    ap.add_argument("--entity", default=None)
+    args = ap.parse_args()
+    for path, declared in sync(Path(args.wandb_dir), args.project, args.entity):
+        print(f"{path}: {', '.join(declared) or 'no recorded inputs'}")

@@ -124,9 +124,8 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     if tracker is not None:
         tracker.log_eval_results(results)
     used = ("prepared", "checkpoint", *(("router-checkpoint",) if router is not None else ()))
-    lineage(tracker, uses=used, logs="eval",
-             files=[paths.eval_dir / n for n in ("results.json", "metrics.json", "episodes.jsonl")],
-             metadata={"averages": out["averages"], "checkpoint": out["checkpoint"]})
+    lineage(tracker, paths, uses=used, logs="eval",
+            metadata={"averages": out["averages"], "checkpoint": out["checkpoint"]})
     return metrics
 
 

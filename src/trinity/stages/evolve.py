@@ -127,6 +127,6 @@ def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, chec
                    "outage_episodes": sum(r["outage_episodes"] for r in history),
                    "n_params": layout.n_params, "svf_params": layout.n_svf}
         write_json(out_dir / "metrics.json", metrics)
-    lineage(tracker, uses=("prepared",), logs="checkpoint" if name == "evolve" else f"{name}-checkpoint",
-            files=[checkpoint.with_suffix(".npy"), checkpoint.with_suffix(".json")], metadata=metrics)
+    lineage(tracker, paths, uses=("prepared",), logs="checkpoint" if name == "evolve" else f"{name}-checkpoint",
+            metadata=metrics)
     return metrics

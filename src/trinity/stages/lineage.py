@@ -1,5 +1,6 @@
-"""The W&B lineage of the pipeline's artifacts: which ones a stage's run consumed and the one it produced. The
-tracker (`trinity.ops.tracking.StageRun`) is passed in; without one (tests, `trinity stage`) nothing is recorded."""
+"""The W&B lineage of the pipeline's artifacts: which ones a stage's run consumed and the one it produced, each by
+the exact version its files are (`trinity.ops.tracking.content_alias`). The tracker
+(`trinity.ops.tracking.StageRun`) is passed in; without one (tests, `trinity stage`) nothing is recorded."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,12 +11,30 @@ ARTIFACTS = {"prepared": ("prepared-data", "dataset"), "checkpoint": ("coordinat
 → eval results (the lineage)."""
 
 
-def lineage(tracker, uses: tuple[str, ...] = (), logs: str | None = None, files: list[Path] = (),
+def artifact_files(key: str, paths) -> list[Path]:
+    """The files artifact `key` holds in the checkout `paths` (`stages.paths.Paths`): what its producer logs and
+    what a consumer names the version of."""
+    from trinity.stages.paths import SPLIT_FILES
+
+    if key == "prepared":
+        return [paths.prepared / n for n in (*SPLIT_FILES.values(), "summary.json")]
+    if key == "checkpoint":
+        return [paths.checkpoint.with_suffix(".npy"), paths.checkpoint.with_suffix(".json")]
+    if key == "router-checkpoint":
+        return [paths.router_checkpoint.with_suffix(".npy"), paths.router_checkpoint.with_suffix(".json")]
+    if key == "eval":
+        return [paths.eval_dir / n for n in ("results.json", "metrics.json", "episodes.jsonl")]
+    raise KeyError(f"no artifact {key!r} (known: {sorted(ARTIFACTS)})")
+
+
+def lineage(tracker, paths, uses: tuple[str, ...] = (), logs: str | None = None,
             metadata: dict | None = None) -> None:
-    """Record in the stage's W&B run which artifacts it consumed and the one it produced."""
+    """Record in the stage's W&B run which artifacts it consumed (their exact versions) and the one it produced."""
     if tracker is None:
         return
     for key in uses:
-        tracker.use_artifact(*ARTIFACTS[key])
+        files = [p for p in artifact_files(key, paths) if p.exists()]
+        tracker.use_artifact(*ARTIFACTS[key], files or None)
     if logs is not None:
-        tracker.log_artifact(*ARTIFACTS[logs], [p for p in files if p.exists()], metadata=metadata)
+        tracker.log_artifact(*ARTIFACTS[logs], [p for p in artifact_files(logs, paths) if p.exists()],
+                             metadata=metadata)

@@ -28,6 +28,5 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     summary = {split: len(getattr(splits, split)) for split in SPLIT_FILES}
     summary |= {f"{split}_sources": sorted({t.source for t in getattr(splits, split)}) for split in SPLIT_FILES}
     write_json(paths.prepared / "summary.json", summary)
-    lineage(tracker, logs="prepared", files=[paths.prepared / n for n in (*SPLIT_FILES.values(), "summary.json")],
-            metadata=summary)
+    lineage(tracker, paths, logs="prepared", metadata=summary)
     return summary
