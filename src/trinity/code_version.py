@@ -53,7 +53,13 @@ RUNTIME_ONLY: dict[str, str] = {
 """Modules a stage imports that are shown not to shape results: {file relative to the package: why}. Keep it
 short; every other module a stage can import is hashed."""
 
-COMPATIBLE_REFACTORS: dict[str, str] = {}
+COMPATIBLE_REFACTORS: dict[str, str] = {
+    # issue 28 (e.g. 3ade4a1, 6ca2b53, 8259144): Pool.answers_capped added (serving's max_tokens; no stage calls it),
+    # config.RUNTIME_ONLY_SETTINGS added (a constant for dvc.yaml's params), and the stages' W&B lineage calls
+    # reworked (exact artifact versions; W&B only). No request, reply, key or score changes
+    # (tests/test_episode_pinned.py).
+    "7ecaa2c28cd37518": "b946c7714f1e17d7",
+}
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
