@@ -1,7 +1,9 @@
 """Prefect flow `trinity-weekly-retrain` (deployment `weekly-retrain` in prefect.yaml): `dvc repro` in this
 checkout (the pipeline, resumable: what is up to date does not run again), then `dvc push` of the data and the
 checkpoint to the DVC remote, then a git commit of dvc.lock and reports/ — the lock file is what names the
-pushed outputs, so a clone at that commit gets them with `dvc pull` — pushed to `git_remote` when one is given.
+pushed outputs, so a clone at that commit gets them with `dvc pull` — proposed for review on a branch of its
+own (`retrain/<UTC time>-<run name>`), pushed to `git_remote` when one is given: the retrained model reaches
+the main branch only when someone merges it.
 The DVC remote, the git work tree and the git remote are checked before the pipeline starts, so a missing one
 fails the run before any model is called.
 
@@ -71,35 +73,47 @@ def dvc_push(remote: str) -> None:
     _run_streaming([sys.executable, "-m", "dvc", "push", "-r", remote])
 
 
+def proposal_branch(run_name: str | None) -> str:
+    from datetime import datetime, timezone
+
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in (run_name or "local"))[:48]
+    return f"retrain/{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{safe}"
+
+
 @task(name="git-commit", cache_policy=NO_CACHE)
-def git_commit(remote: str) -> str | None:
-    """dvc.lock and reports/ as the pipeline left them, in a commit of their own (None: nothing changed)."""
+def git_commit(remote: str) -> tuple[str | None, str]:
+    """dvc.lock and reports/ as the pipeline left them, in a commit on a new branch (the proposal); (None, branch)
+    when nothing changed."""
     from prefect.runtime import flow_run
 
-    from trinity.ops.deploy import commit_pipeline_state
+    from trinity.ops.deploy import propose_pipeline_state
 
     name = flow_run.get_name()
-    commit = commit_pipeline_state(ROOT, f"weekly-retrain{' ' + name if name else ''}: dvc.lock and reports of the "
-                                         f"outputs pushed to DVC remote {remote}")
-    print(f"[retrain] {'committed ' + commit if commit else 'nothing changed in dvc.lock or reports/: no commit'}")
-    return commit
+    branch = proposal_branch(name)
+    commit = propose_pipeline_state(ROOT, branch, f"weekly-retrain{' ' + name if name else ''}: dvc.lock and "
+                                                  f"reports of the outputs pushed to DVC remote {remote}")
+    print(f"[retrain] {f'proposed {commit} on branch {branch}' if commit else 'nothing changed in dvc.lock or reports/: no commit'}")
+    return commit, branch
 
 
 @task(name="git-push", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=10),
       retry_jitter_factor=0.5)
-def git_push(git_remote: str) -> None:
-    _run_streaming(["git", "push", git_remote, "HEAD"])
+def git_push(git_remote: str, branch: str) -> None:
+    """The proposal's branch (never the checkout's own branch) to `git_remote`, for review."""
+    _run_streaming(["git", "push", git_remote, f"refs/heads/{branch}:refs/heads/{branch}"])
 
 
 @task(name="publish-retrain-summary", cache_policy=NO_CACHE)
-def publish_summary(remote: str, commit: str | None, git_remote: str | None) -> str:
+def publish_summary(remote: str, commit: str | None, branch: str, git_remote: str | None) -> str:
     import subprocess as sp
 
     head = commit or sp.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     lines = ["# Weekly retrain", "", f"`dvc repro` then `dvc push -r {remote}` in `{ROOT}`.", "",
-             (f"dvc.lock and reports/ committed as `{commit}`" if commit else
+             (f"dvc.lock and reports/ committed as `{commit}` on branch `{branch}`, proposed for review (merge it to "
+              "adopt the retrained model)" if commit else
               f"Nothing changed in dvc.lock or reports/: the outputs are those of `{head or 'no commit yet'}`")
-             + (f", pushed to git remote `{git_remote}`" if git_remote else " (no git_remote: not pushed)")
+             + (f", pushed to git remote `{git_remote}`" if git_remote and commit else
+                "" if not commit else " (no git_remote: the branch stays in this checkout)")
              + f". Anywhere: `git checkout {head[:12] or '<commit>'} && dvc pull`.", ""]
     for name, path in (("evolve", "data/evolve/metrics.json"), ("evaluate", "data/eval/metrics.json")):
         p = ROOT / path
@@ -128,10 +142,11 @@ def _retrain(dvc_remote: str | None, git_remote: str | None) -> dict:
     check_git(git_remote)
     dvc_repro()
     dvc_push(remote)
-    commit = git_commit(remote)
-    if git_remote:
-        git_push(git_remote)
-    return {"remote": remote, "commit": commit, "artifact": publish_summary(remote, commit, git_remote)}
+    commit, branch = git_commit(remote)
+    if git_remote and commit:
+        git_push(git_remote, branch)
+    return {"remote": remote, "commit": commit, "branch": branch if commit else None,
+            "artifact": publish_summary(remote, commit, branch, git_remote)}
 
 
 if __name__ == "__main__":

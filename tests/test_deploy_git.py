@@ -1,5 +1,6 @@
 """weekly-retrain's git side (trinity.ops.deploy): the work tree and git remote checked by name, and the commit that
-records what the pipeline pushed — dvc.lock, reports/, DVC's .gitignore entries — and nothing else."""
+records what the pipeline pushed — dvc.lock, reports/, DVC's .gitignore entries — and nothing else, proposed on a
+branch of its own: the checkout's branch, index and work tree untouched."""
 from __future__ import annotations
 
 import subprocess
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trinity.ops.deploy import FALLBACK_AUTHOR, GitError, commit_pipeline_state, resolve_git_remote
+from trinity.ops.deploy import FALLBACK_AUTHOR, GitError, propose_pipeline_state, resolve_git_remote
 
 
 def _git(cwd: Path, *args: str, env: dict | None = None) -> str:
@@ -33,8 +34,10 @@ def checkout(tmp_path, monkeypatch):
     return repo
 
 
-def test_commits_the_pipeline_state_and_leaves_other_edits_alone(checkout):
-    assert commit_pipeline_state(checkout, "nothing yet") is None  # nothing changed: no commit
+def test_proposes_the_pipeline_state_on_a_branch_and_leaves_everything_else_alone(checkout):
+    assert propose_pipeline_state(checkout, "retrain/a", "nothing yet") is None  # nothing changed: no commit
+    main = _git(checkout, "rev-parse", "HEAD").strip()
+    branch = _git(checkout, "branch", "--show-current").strip()
     (checkout / "dvc.lock").write_text("schema: '2.0'\n")
     (checkout / "reports" / "plots").mkdir(parents=True)
     (checkout / "reports" / "summary.md").write_text("# s\n")
@@ -43,18 +46,26 @@ def test_commits_the_pipeline_state_and_leaves_other_edits_alone(checkout):
     (checkout / "data" / ".gitignore").write_text("/checkpoints\n")
     (checkout / "notes.txt").write_text("mine, edited\n")  # the user's edit: not ours to commit
     (checkout / "scratch.py").write_text("x = 1\n")
-    commit = commit_pipeline_state(checkout, "weekly-retrain test: dvc.lock")
-    assert commit == _git(checkout, "rev-parse", "HEAD").strip()
+    _git(checkout, "add", "scratch.py")  # the user's staged file: the proposal must not take it
+    status = _git(checkout, "status", "--porcelain")
+    commit = propose_pipeline_state(checkout, "retrain/b", "weekly-retrain test: dvc.lock")
+    assert commit == _git(checkout, "rev-parse", "retrain/b").strip()
+    assert _git(checkout, "rev-parse", "HEAD").strip() == main  # the checkout's branch did not move
+    assert _git(checkout, "branch", "--show-current").strip() == branch
+    assert _git(checkout, "status", "--porcelain") == status  # nor its index and work tree
+    assert _git(checkout, "rev-parse", f"{commit}^").strip() == main
     files = set(_git(checkout, "show", "--name-only", "--format=", commit).split())
     assert files == {"dvc.lock", "reports/summary.md", "reports/plots/fitness.png", "data/.gitignore"}
-    assert _git(checkout, "log", "-1", "--format=%an <%ae>|%s").strip() == \
+    assert _git(checkout, "log", "-1", "--format=%an <%ae>|%s", commit).strip() == \
         f"{FALLBACK_AUTHOR[0]} <{FALLBACK_AUTHOR[1]}>|weekly-retrain test: dvc.lock"
-    status = _git(checkout, "status", "--porcelain")
-    assert " M notes.txt" in status and "?? scratch.py" in status
-    assert commit_pipeline_state(checkout, "again") is None
-    # a deleted report is recorded as deleted
+    with pytest.raises(GitError, match="branch 'retrain/b' already exists"):
+        propose_pipeline_state(checkout, "retrain/b", "again")
+    # a deleted report is recorded as deleted (against HEAD, which still has none of these: all are new)
+    _git(checkout, "add", "dvc.lock", "reports", "data/.gitignore")  # (as if the proposal had been merged)
+    _git(checkout, "-c", "user.name=u", "-c", "user.email=u@u", "commit", "-q", "-m", "merged", "--",
+         "dvc.lock", "reports", "data/.gitignore")
     (checkout / "reports" / "summary.md").unlink()
-    commit2 = commit_pipeline_state(checkout, "removed")
+    commit2 = propose_pipeline_state(checkout, "retrain/c", "removed")
     assert _git(checkout, "show", "--name-status", "--format=", commit2).split() == ["D", "reports/summary.md"]
 
 
@@ -62,8 +73,8 @@ def test_a_configured_identity_is_used(checkout):
     _git(checkout, "config", "user.name", "Ada")
     _git(checkout, "config", "user.email", "ada@example.org")
     (checkout / "dvc.lock").write_text("schema: '2.0'\n")
-    commit_pipeline_state(checkout, "m")
-    assert _git(checkout, "log", "-1", "--format=%an <%ae>").strip() == "Ada <ada@example.org>"
+    commit = propose_pipeline_state(checkout, "retrain/x", "m")
+    assert _git(checkout, "log", "-1", "--format=%an <%ae>", commit).strip() == "Ada <ada@example.org>"
 
 
 def test_git_remote_and_work_tree_are_checked_by_name(checkout, tmp_path):

@@ -402,6 +402,7 @@ def test_weekly_retrain_checks_the_remote_first_then_reproduces_and_pushes(proje
     assert bad_git["state"]["type"] == "FAILED" and "git remote 'nowhere' is not configured" in \
         bad_git["state"]["message"] and "origin" in bad_git["state"]["message"], bad_git["state"]
     assert not (project / "dvc.lock").exists()
+    main_before = _sh(["git", "rev-parse", "HEAD"], project, os.environ).stdout.strip()
     run = _wait_for_run(prefect, _trigger(project, prefect, retrain, "git_remote=origin"))
     assert run["state"]["type"] == "COMPLETED", (run["state"], (prefect["logs"] / "worker.log").read_text()[-4000:])
     assert json.loads((project / "data/checkpoint-summary.json").read_text())["n_params"] > 0
@@ -412,22 +413,29 @@ def test_weekly_retrain_checks_the_remote_first_then_reproduces_and_pushes(proje
     shutil.rmtree(project / ".dvc" / "cache")
     _sh(["dvc", "pull", "data/checkpoint-summary.json"], project, env)
     assert json.loads((project / "data/checkpoint-summary.json").read_text())["n_params"] > 0
-    # dvc.lock, which names the pushed outputs, committed and pushed: a clone of the git remote pulls them
+    # dvc.lock, which names the pushed outputs, committed on a branch of its own and pushed for review: the
+    # checkout's branch did not move; a clone of that branch pulls the outputs
     git_env = {**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
                "GIT_COMMITTER_EMAIL": "t@t"}
-    head = _sh(["git", "log", "-1", "--format=%H %s"], project, git_env).stdout.split(" ", 1)
+    assert _sh(["git", "rev-parse", "HEAD"], project, git_env).stdout.strip() == main_before
+    (branch,) = _sh(["git", "branch", "--list", "retrain/*", "--format=%(refname:short)"], project,
+                    git_env).stdout.split()
+    head = _sh(["git", "log", "-1", "--format=%H %s", branch], project, git_env).stdout.split(" ", 1)
     assert head[1].startswith("weekly-retrain ") and "DVC remote local" in head[1], head
-    assert "checkpoint-summary" in _sh(["git", "show", "HEAD:dvc.lock"], project, git_env).stdout
-    assert _sh(["git", "status", "--porcelain", "--", "dvc.lock"], project, git_env).stdout == ""
+    assert "checkpoint-summary" in _sh(["git", "show", f"{branch}:dvc.lock"], project, git_env).stdout
+    origin = str(project.parent / "origin.git")
+    remote_heads = _sh(["git", "ls-remote", "--heads", origin], project, git_env).stdout
+    assert remote_heads.splitlines() == [f"{head[0]}\trefs/heads/{branch}"]  # the proposal, and nothing else
     clone = tmp_path / "clone"
-    _sh(["git", "clone", "-q", str(project.parent / "origin.git"), str(clone)], tmp_path, git_env)
+    _sh(["git", "clone", "-q", "--branch", branch, origin, str(clone)], tmp_path, git_env)
     assert _sh(["git", "rev-parse", "HEAD"], clone, git_env).stdout.strip() == head[0]
     _sh(["dvc", "pull", "data/checkpoint-summary.json"], clone, env)
     assert (clone / "data/checkpoint-summary.json").read_text() == \
         (project / "data/checkpoint-summary.json").read_text()
     (artifact,) = _artifacts(prefect, "weekly-retrain-summary")
     assert artifact["flow_run_id"] == run["id"] and "dvc push -r local" in artifact["data"]
-    assert f"committed as `{head[0]}`" in artifact["data"] and "pushed to git remote `origin`" in artifact["data"]
+    assert f"committed as `{head[0]}` on branch `{branch}`, proposed for review" in artifact["data"]
+    assert "pushed to git remote `origin`" in artifact["data"]
     print(f"\n[deployments] weekly-retrain runs: {bad['id']} {bad['state']['type']} ({bad['state']['message']}); "
           f"{bad_git['id']} {bad_git['state']['type']} ({bad_git['state']['message']}); "
           f"{run['id']} {run['state']['type']}, commit {head[0][:12]}; artifact key weekly-retrain-summary")

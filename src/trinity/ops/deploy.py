@@ -17,8 +17,9 @@ After `prefect deploy`, what keeps scheduled runs safe is set up on the same API
 concurrency limit (trinity.ops.checkout_lock: nightly-eval and weekly-retrain never overlap on one checkout) and
 the Automation of each deployment in `trinity.notify.on_failed` (a Failed run notifies its block).
 
-Also here: `commit_pipeline_state`, weekly-retrain's record of what it pushed (dvc.lock is the only pointer to
-the pushed outputs: without it in git, nobody else can `dvc pull` them).
+Also here: `propose_pipeline_state`, weekly-retrain's record of what it pushed (dvc.lock is the only pointer to
+the pushed outputs: without it in git, nobody else can `dvc pull` them), committed on a branch of its own for
+review: the checkout's branch, index and work tree are left as they are.
 """
 from __future__ import annotations
 
@@ -80,8 +81,8 @@ def resolve_dvc_remote(root: Path, remote: str | None) -> str:
     return name
 
 
-def _git(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+def _git(root: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, env=env)
     if check and r.returncode != 0:
         raise GitError(f"`git {' '.join(args)}` failed in {root} (exit {r.returncode}): "
                        f"{(r.stderr or r.stdout).strip()}")
@@ -108,20 +109,31 @@ PIPELINE_STATE_PATHS = ("dvc.lock", "reports", ":(glob)**/.gitignore")
 FALLBACK_AUTHOR = ("trinity-weekly-retrain", "trinity-weekly-retrain@localhost")
 
 
-def commit_pipeline_state(root: Path, message: str) -> str | None:
-    """Commit what the pipeline changed in git (PIPELINE_STATE_PATHS) and nothing else — other edits in the
-    checkout stay as they are. Returns the new commit, or None when nothing changed (the current commit
-    already names these outputs). A checkout without a git identity commits as FALLBACK_AUTHOR."""
+def propose_pipeline_state(root: Path, branch: str, message: str) -> str | None:
+    """Commit what the pipeline changed in git (PIPELINE_STATE_PATHS), and nothing else, on a new branch `branch`
+    from HEAD, for review: the current branch, the index and the work tree are not touched (the commit is built
+    in an index of its own). Returns the commit, or None when nothing changed (HEAD already names these outputs).
+    A checkout without a git identity commits as FALLBACK_AUTHOR. An existing `branch` is a GitError."""
+    import tempfile
+
     status = _git(root, "status", "--porcelain", "-z", "--untracked-files=all", "--", *PIPELINE_STATE_PATHS).stdout
     changed = [entry[3:] for entry in status.split("\0") if len(entry) > 3]
     if not changed:
         return None
-    _git(root, "add", "-A", "--", *changed)
-    identity: list[str] = []
+    if _git(root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False).returncode == 0:
+        raise GitError(f"branch {branch!r} already exists in {root}: weekly-retrain proposes each run on a new branch")
+    env = dict(os.environ)
     if not _git(root, "config", "user.email", check=False).stdout.strip():
-        identity = ["-c", f"user.name={FALLBACK_AUTHOR[0]}", "-c", f"user.email={FALLBACK_AUTHOR[1]}"]
-    _git(root, *identity, "commit", "-q", "-m", message, "--", *changed)
-    return _git(root, "rev-parse", "HEAD").stdout.strip()
+        env.update(GIT_AUTHOR_NAME=FALLBACK_AUTHOR[0], GIT_AUTHOR_EMAIL=FALLBACK_AUTHOR[1],
+                   GIT_COMMITTER_NAME=FALLBACK_AUTHOR[0], GIT_COMMITTER_EMAIL=FALLBACK_AUTHOR[1])
+    with tempfile.TemporaryDirectory(prefix="trinity-proposal-") as tmp:
+        index = {**env, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        _git(root, "read-tree", "HEAD", env=index)
+        _git(root, "add", "-A", "--", *changed, env=index)
+        tree = _git(root, "write-tree", env=index).stdout.strip()
+    commit = _git(root, "commit-tree", tree, "-p", "HEAD", "-m", message, env=env).stdout.strip()
+    _git(root, "branch", branch, commit)
+    return commit
 
 
 def _schedule_problems(where: str, schedules: Any) -> list[str]:

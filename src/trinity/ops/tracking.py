@@ -348,8 +348,8 @@ class StageRun:
         inputs = redact([dict(e) for e in self._inputs])
         self.run.config.update({"inputs": inputs}, allow_val_change=True)
         self.run.summary["inputs"] = inputs
-        if self.dir:  # a file of the run (synced with it), where `recorded_inputs` reads them back
-            (Path(self.dir) / INPUTS_FILE).write_text(json.dumps(inputs, indent=1))
+        if self.dir and Path(self.dir).is_dir():  # a file of the run (synced with it; none when W&B is disabled),
+            (Path(self.dir) / INPUTS_FILE).write_text(json.dumps(inputs, indent=1))  # read by `recorded_inputs`
         if self.offline:
             return None
         try:
