@@ -126,7 +126,7 @@ def test_code_change_starts_a_new_run_and_refactor_declared_compatible_resumes(t
         assert calls2 == 0  # ... from the stored samples: no call paid twice
         assert new.fingerprint != first.fingerprint
         # the edit is declared a pure refactor of the original code: the original run resumes
-        monkeypatch.setattr(cv, "COMPATIBLE_REFACTORS", {changed: raw})
+        monkeypatch.setattr(cv, "COMPATIBLE_REFACTORS", {**cv.COMPATIBLE_REFACTORS, changed: raw})
         cv.code_version.cache_clear()
         back, _ = run_evolve(tmp_path, s)
         assert back.fingerprint == first.fingerprint
