@@ -13,9 +13,9 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
-from prefect.states import Cancelled, Failed
+from prefect.states import Failed
 
-from trinity.ops.checkout_lock import CheckoutBusy, holding_checkout
+from trinity.ops.checkout_lock import run_holding_checkout
 from trinity.ops.stage_flow import LLM_BOUND_RETRIES
 
 
@@ -91,12 +91,7 @@ def nightly_eval_flow(params: str = "params.yaml", drop_threshold: float = 0.05,
     """Re-evaluate the current checkpoint with fresh calls; fail the run when a score drops beyond drop_threshold
     (a fraction of the benchmark's scale) since the last night that passed. Refused (Cancelled) while another
     run holds the checkout."""
-    try:
-        with holding_checkout(ROOT):
-            return _nightly(params, drop_threshold, timeout_minutes)
-    except CheckoutBusy as e:
-        print(f"[nightly] {e}")
-        return Cancelled(message=str(e))
+    return run_holding_checkout(ROOT, "nightly", _nightly, params, drop_threshold, timeout_minutes)
 
 
 def _nightly(params: str, drop_threshold: float, timeout_minutes: float):

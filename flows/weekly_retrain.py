@@ -20,10 +20,9 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Cancelled
 from prefect.tasks import exponential_backoff
 
-from trinity.ops.checkout_lock import CheckoutBusy, holding_checkout
+from trinity.ops.checkout_lock import run_holding_checkout
 
 RETRAIN_ARTIFACT_KEY = "weekly-retrain-summary"
 
@@ -92,7 +91,8 @@ def git_commit(remote: str) -> tuple[str | None, str]:
     branch = proposal_branch(name)
     commit = propose_pipeline_state(ROOT, branch, f"weekly-retrain{' ' + name if name else ''}: dvc.lock and "
                                                   f"reports of the outputs pushed to DVC remote {remote}")
-    print(f"[retrain] {f'proposed {commit} on branch {branch}' if commit else 'nothing changed in dvc.lock or reports/: no commit'}")
+    print(f"[retrain] proposed {commit} on branch {branch}" if commit else
+          "[retrain] nothing changed in dvc.lock or reports/: no commit")
     return commit, branch
 
 
@@ -129,12 +129,7 @@ def weekly_retrain_flow(dvc_remote: str | None = None, git_remote: str | None = 
     """`dvc repro`, then `dvc push` to `dvc_remote` (None: the checkout's default DVC remote), then a commit of
     dvc.lock and reports/, pushed to `git_remote` (None: kept in the checkout). Refused (Cancelled) while another
     run holds the checkout."""
-    try:
-        with holding_checkout(ROOT):
-            return _retrain(dvc_remote, git_remote)
-    except CheckoutBusy as e:
-        print(f"[retrain] {e}")
-        return Cancelled(message=str(e))
+    return run_holding_checkout(ROOT, "retrain", _retrain, dvc_remote, git_remote)
 
 
 def _retrain(dvc_remote: str | None, git_remote: str | None) -> dict:

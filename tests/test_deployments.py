@@ -7,9 +7,9 @@ endpoint (right answers become wrong ones) and night 2 — which makes every cal
 Failed with the drop in its state message and its artifacts published, and the Automation created at deploy time
 posts the failure to a webhook (a real HTTP receiver here); night 3 is compared with night 1, not with the flagged
 night 2. Overlapping triggers are refused: a second nightly-eval while one runs (the deployment's concurrency
-limit), and weekly-retrain while nightly-eval holds the checkout (its global concurrency limit). Every process the test started (server,
-worker, the worker's flow-run processes) is gone afterwards, also when the test itself is SIGKILLed
-(tests/process_supervisor.py). Bad input (a malformed cron, an unknown work pool, a missing DVC remote, an
+limit), and weekly-retrain while nightly-eval holds the checkout (its global concurrency limit). Every process the
+test started (server, worker, the worker's flow-run processes) is gone afterwards, also when the test itself is
+SIGKILLed (tests/process_supervisor.py). Bad input (a malformed cron, an unknown work pool, a missing DVC remote, an
 unreachable API) is refused by name before anything is registered or any model called."""
 from __future__ import annotations
 

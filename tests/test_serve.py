@@ -578,7 +578,7 @@ def test_failures_that_would_repeat_tell_clients_not_to_retry():
     task = Task(id="chat/1", source="chat", prompt=("hi",), grader="judge")
 
     def result(*turns, answer=None):
-        return EpisodeResult(episode_id="ep-1", task=task, turns=list(turns), answer=answer, answered_by=None,
+        return EpisodeResult(episode_id="ep-1", task=task, turns=list(turns), answer=answer,
                              verifier_first=not turns, episode_s=0.1, checkpoint="c", answer_format="free")
 
     outage = TurnRecord.of(0, "a", "worker", ChatResponse("", ok=False, error="http 503", failure="transient"),

@@ -70,8 +70,8 @@ def _paths(root: Path, checkpoint: Path | None, store: Path | None) -> tuple[Pat
     from trinity.stages.paths import Paths
 
     p = Paths(root.resolve())
-    return (_in_root(root, checkpoint) if checkpoint else p.checkpoint.parent), (_in_root(root, store) if store
-                                                                                  else p.store)
+    return (_in_root(root, checkpoint) if checkpoint else p.checkpoint.parent,
+            _in_root(root, store) if store else p.store)
 
 
 def _params_path(root: Path, params: Path) -> Path:

@@ -53,6 +53,19 @@ def ensure_checkout_limit(client, root: Path) -> str:
     return name
 
 
+def run_holding_checkout(root: Path, tag: str, fn, *args):
+    """`fn(*args)` while holding the checkout's limit (a flow's body); when another run holds it, the Prefect
+    state Cancelled naming the limit (printed under `[tag]` too), which the flow returns as its final state."""
+    from prefect.states import Cancelled
+
+    try:
+        with holding_checkout(root):
+            return fn(*args)
+    except CheckoutBusy as e:
+        print(f"[{tag}] {e}")
+        return Cancelled(message=str(e))
+
+
 @contextlib.contextmanager
 def holding_checkout(root: Path, wait_s: float = REFUSE_AFTER_S) -> Iterator[str]:
     """Hold the checkout's limit for the block; CheckoutBusy when another run holds it for longer than `wait_s`."""

@@ -14,8 +14,8 @@ flagged for a (method, benchmark) — the coordinator's, or one member's alone, 
 that changed — when, over the items both nights scored, the mean paired difference (tonight − baseline) is
 below −threshold *and* its 95 % paired bootstrap interval lies below 0, over at least `MIN_ITEMS_FOR_OUTCOME`
 items (the rule of the evaluation report, `trinity.evaluation.stats`: fewer items cannot show a difference at the
-5 % level): a change that a few items' noise can explain is listed, not flagged. flows/nightly_eval.py runs this as a Prefect flow,
-publishes the comparison as artifacts and ends the run Failed when a drop is flagged.
+5 % level): a change that a few items' noise can explain is listed, not flagged. flows/nightly_eval.py runs this
+as a Prefect flow, publishes the comparison as artifacts and ends the run Failed when a drop is flagged.
 """
 from __future__ import annotations
 
@@ -186,9 +186,12 @@ class Comparison:
         if not self.drops:
             return (f"no score dropped by more than {self.threshold:.3f} (with a paired 95 % interval below 0) since "
                     f"{self.previous_run}")
-        worst = ", ".join(f"{d.method} on {d.benchmark} {d.previous:.3f} -> {d.current:.3f}"
-                          + (f" (paired {d.paired[0]:+.3f} [{d.paired[1]:+.3f}, {d.paired[2]:+.3f}], {d.paired[3]} items)"
-                             if d.paired else "") for d in self.drops)
+        def paired(d: ScoreChange) -> str:
+            return f" (paired {d.paired[0]:+.3f} [{d.paired[1]:+.3f}, {d.paired[2]:+.3f}], {d.paired[3]} items)" \
+                if d.paired else ""
+
+        worst = ", ".join(f"{d.method} on {d.benchmark} {d.previous:.3f} -> {d.current:.3f}{paired(d)}"
+                          for d in self.drops)
         return f"score drop beyond {self.threshold:.3f} since {self.previous_run}: {worst}"
 
 

@@ -201,7 +201,6 @@ class EpisodeResult:
     task: Task
     turns: list[TurnRecord]
     answer: str | None
-    answered_by: str | None
     verifier_first: bool
     episode_s: float
     checkpoint: str
@@ -212,6 +211,12 @@ class EpisodeResult:
     def answer_turn(self) -> TurnRecord | None:
         """The turn whose reply is the answer: the latest successful Worker turn (`roles.latest_answer`)."""
         return next((t for t in reversed(self.turns) if t.role == "worker" and t.ok), None) if self.answer else None
+
+    @property
+    def answered_by(self) -> str | None:
+        """The member whose reply is the answer (None without one)."""
+        turn = self.answer_turn
+        return turn.model if turn is not None else None
 
     @property
     def finish_reason(self) -> str | None:
@@ -258,7 +263,8 @@ class EpisodeResult:
         """The trace without texts (the API's `trinity` field)."""
         return {"episode_id": self.episode_id, "checkpoint": self.checkpoint, "answer_format": self.answer_format,
                 **({"max_tokens": self.max_tokens} if self.max_tokens is not None else {}),
-                "outcome": self.outcome, "finish_reason": self.finish_reason, "answered_by": self.answered_by, "reason": self.reason,
+                "outcome": self.outcome, "finish_reason": self.finish_reason, "answered_by": self.answered_by,
+                "reason": self.reason,
                 "turns": [t.summary() for t in self.turns], "usage": self.usage,
                 "fresh_replies": sum(not t.stored for t in self.turns),
                 "stored_replies": sum(t.stored for t in self.turns),
@@ -373,7 +379,7 @@ class Coordinator:
         """Play one argmax episode for `task`; `on_turn` sees each turn as its reply arrives. The trace is saved.
         `max_tokens`: caps every Worker answer of the episode (a member's own lower cap still applies)."""
         from trinity.coordinator.episode import Episode, play_episodes
-        from trinity.coordinator.roles import allowed_roles, is_answer
+        from trinity.coordinator.roles import allowed_roles
 
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
@@ -397,10 +403,9 @@ class Coordinator:
                                           roles=allowed_roles(self.settings.coordinator)))
 
         await loop.run_in_executor(self._episode_threads, play)
-        answered_by = next((t.model for t in reversed(ep.turns) if is_answer(t)), None) if ep.answer else None
         fmt = next(k for k, v in ANSWER_FORMATS.items() if v == task.grader)
         result = EpisodeResult(episode_id=self.episode_id(task, max_tokens), task=task, turns=records,
-                               answer=ep.answer, answered_by=answered_by, verifier_first=ep.verifier_first,
+                               answer=ep.answer, verifier_first=ep.verifier_first,
                                episode_s=time.perf_counter() - t0, checkpoint=self.checkpoint_id, answer_format=fmt,
                                max_tokens=max_tokens)
         self.traces.save(result.trace())

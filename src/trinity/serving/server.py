@@ -77,8 +77,9 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code, self.extra = (
             status, message, type_, param, code, extra)
-        self.retry = (False if 400 <= status < 500 and status not in (408, 409, 429) else None) if retry is None \
-            else retry
+        if retry is None and 400 <= status < 500 and status not in (408, 409, 429):
+            retry = False  # a client error is the same when asked again (the SDKs retry 408, 409 and 429)
+        self.retry = retry
 
     def headers(self) -> dict[str, str]:
         h = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
