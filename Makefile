@@ -92,9 +92,9 @@ run-every-item: setup setup-sandbox
 
 # The optimiser ablation (sep-CMA-ES vs REINFORCE vs random search) as DVC experiments of the same pipeline, one
 # per evolve.method on the same budget (params.yaml's evolve.*, or add -S overrides to ABLATION_SET), each run in a
-# temporary copy under .dvc/tmp/exps (`dvc exp run --temp`: they share this checkout's response store, so calls one
-# method paid for are not paid again), one after the other, compared with `dvc exp show`, tabulated in
-# reports/ablation.md. Not DVC's celery queue (`--queue` + `--run-all`): its worker hangs after one or two
+# temporary copy of the workspace (`dvc exp run --temp`; TRINITY_STORE names this checkout's response store, which
+# they share, so calls one method paid for are not paid again), one after the other, compared with
+# `dvc exp show`, tabulated in reports/ablation.md. Not DVC's celery queue (`--queue` + `--run-all`): its worker hangs after one or two
 # experiments (JSONDecodeError, treeverse/dvc#10428, open), seen here too. An experiment already done is kept
 # (to run one again: `dvc exp remove ablation-<method>`). data.root is passed as an absolute path: DVC resolves a
 # relative one against the temporary copy.
@@ -105,7 +105,8 @@ ablation: setup setup-sandbox
 	@for m in $(ABLATION_METHODS); do \
 		if $(VENV)/bin/dvc exp list --name-only 2>/dev/null | grep -qx "ablation-$$m"; then \
 			echo "ablation-$$m: already run (dvc exp remove ablation-$$m to run it again)"; continue; fi; \
-		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --temp --name ablation-$$m \
+		TRINITY_STORE="$(CURDIR)/data/store/trinity.duckdb" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
+			$(VENV)/bin/dvc exp run --temp --name ablation-$$m \
 			-S evolve.method=$$m -S data.root=$(DATA_ROOT) $(foreach p,$(ABLATION_SET),-S $(p)) || exit 1; done
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/$(EXP_SHOW)
 	$(PY) scripts/ablation_report.py

@@ -115,7 +115,7 @@ def publish_summary(remote: str, commit: str | None, branch: str, git_remote: st
              + (f", pushed to git remote `{git_remote}`" if git_remote and commit else
                 "" if not commit else " (no git_remote: the branch stays in this checkout)")
              + f". Anywhere: `git checkout {head[:12] or '<commit>'} && dvc pull`.", ""]
-    for name, path in (("evolve", "data/evolve/metrics.json"), ("evaluate", "data/eval/metrics.json")):
+    for name, path in (("evolve", "reports/metrics/evolve.json"), ("evaluate", "reports/metrics/evaluate.json")):
         p = ROOT / path
         if p.exists():
             lines += [f"## {name} (`{path}`)", "", "```json", json.dumps(json.loads(p.read_text()), indent=1)[:4000],

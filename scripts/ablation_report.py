@@ -2,8 +2,8 @@
 push/pull, experiments"): one experiment per `evolve.method`, the same pipeline and budget otherwise.
 
 Reads `dvc exp show --json` (run here, or a file given with --json) and tabulates, for every experiment whose
-name starts with --prefix: the training result (data/evolve/metrics.json) and the coordinator's evaluation
-(the `trinity` row of data/eval/metrics.json). Fails, naming the experiments, when they do not share one
+name starts with --prefix: the training result (reports/metrics/evolve.json) and the coordinator's evaluation
+(the `trinity` row of reports/metrics/evaluate.json). Fails, naming the experiments, when they do not share one
 budget (every evolve.* key but the method equal) or when an experiment has no metrics (it failed or was not run).
 
     python scripts/ablation_report.py [--prefix ablation-] [--json exp_show.json] [--out reports/ablation.md]
@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-EVOLVE_METRICS = "data/evolve/metrics.json"
-EVAL_METRICS = "data/eval/metrics.json"
+EVOLVE_METRICS = "reports/metrics/evolve.json"
+EVAL_METRICS = "reports/metrics/evaluate.json"
 PARAMS = "params.yaml"
 BUDGET_KEYS = ("generations", "popsize", "episodes_per_candidate", "seed", "sigma0", "reinforce_lr",
                "saved_fitness_tasks", "saved_fitness_samples")
@@ -83,8 +83,8 @@ def render(rows: list[dict]) -> str:
         "# Trinity — optimiser ablation", "",
         "One DVC experiment per optimiser (`make ablation`: `dvc exp run --temp -S evolve.method=...`), the same "
         f"pipeline, tasks, pool and budget otherwise: {b['generations']} generations x popsize {b['popsize']} x "
-        f"{b['episodes_per_candidate']} tasks per candidate, seed {b['seed']}. Training: data/evolve/metrics.json "
-        "(the saved vector's fitness on the training tasks); evaluation: the `trinity` row of data/eval/metrics.json "
+        f"{b['episodes_per_candidate']} tasks per candidate, seed {b['seed']}. Training: reports/metrics/evolve.json "
+        "(the saved vector's fitness on the training tasks); evaluation: the `trinity` row of reports/metrics/evaluate.json "
         "(argmax policy on the in-distribution and held-out items).", "",
         "| experiment | method | saved fitness | best candidate | avg in-distribution | avg held-out | "
         + " | ".join(benches) + " | new LLM calls (train) |",

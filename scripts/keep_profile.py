@@ -25,9 +25,9 @@ KEPT = {  # source (project-relative) -> name in reports/<profile>/
     "reports/traces.md": "traces.md",
     "reports/plots": "plots",
     "data/eval/results.json": "results.json",
-    "data/eval/metrics.json": "eval_metrics.json",
-    "data/evolve/metrics.json": "evolve_metrics.json",
-    "data/router/metrics.json": "router_metrics.json",
+    "reports/metrics/evaluate.json": "eval_metrics.json",
+    "reports/metrics/evolve.json": "evolve_metrics.json",
+    "reports/metrics/router.json": "router_metrics.json",
 }
 
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.copy2(ROOT / src, dest)
     wall = time.time() - args.started
-    evolve = json.loads((ROOT / "data/evolve/metrics.json").read_text())
+    evolve = json.loads((ROOT / "reports/metrics/evolve.json").read_text())
     run = {"profile": args.name, "commit": _commit(), "code_version": code_version(), "cpu": _cpu_kind(),
            "wall_s": round(wall, 1), "wall_min": round(wall / 60, 1), "overrides": args.set,
            "evolve_calls_made": evolve.get("calls_made"), "evolve_store_hits": evolve.get("store_hits"),

@@ -14,6 +14,7 @@ os.environ.setdefault("WANDB_DIR", os.path.join(_tmp, "wandb"))
 os.environ["WANDB_SILENT"] = "true"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.pop("TRINITY_STORE", None)  # a user's explicit store (trinity.stages.paths.STORE_ENV) is not the tests'
 
 
 import pytest

@@ -22,9 +22,9 @@ def _exp(name: str, rev: str, method: str, trinity: dict, calls: int) -> dict:
     return {"revs": [{"rev": rev[:7], "name": name, "data": {
         "rev": rev, "meta": {"name": name},
         "params": {"params.yaml": {"data": params}},
-        "metrics": {"data/evolve/metrics.json": {"data": {"saved_fitness": 0.25, "best_candidate_fitness": 0.5,
+        "metrics": {"reports/metrics/evolve.json": {"data": {"saved_fitness": 0.25, "best_candidate_fitness": 0.5,
                                                           "calls_made": calls}},
-                    "data/eval/metrics.json": {"data": {"trinity": trinity}}}}}]}
+                    "reports/metrics/evaluate.json": {"data": {"trinity": trinity}}}}}]}
 
 
 def _shown() -> list[dict]:
@@ -59,8 +59,8 @@ def test_unequal_budgets_and_missing_metrics_are_refused_by_name():
     with pytest.raises(SystemExit, match="do not share one budget.*ablation-random_search"):
         ablation_rows(bad, "ablation-")
     failed = copy.deepcopy(exps)
-    del failed[0]["metrics"]["data/eval/metrics.json"]
-    with pytest.raises(SystemExit, match=r"ablation-sep_cma .*no data/eval/metrics.json"):
+    del failed[0]["metrics"]["reports/metrics/evaluate.json"]
+    with pytest.raises(SystemExit, match=r"ablation-sep_cma .*no reports/metrics/evaluate.json"):
         ablation_rows(failed, "ablation-")
     with pytest.raises(SystemExit, match="no experiment named nope"):
         ablation_rows(exps, "nope")

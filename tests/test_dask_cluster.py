@@ -242,7 +242,7 @@ def test_dvc_repro_evolve_on_the_cluster_equals_threads(cluster, tmp_path, root)
     out = _sh(["dvc", "repro", "evolve"], project, env)
     assert "Running stage 'evolve'" in out
     threads = np.load(checkpoint)
-    metrics = json.loads((project / "data/evolve/metrics.json").read_text())
+    metrics = json.loads((project / "reports/metrics/evolve.json").read_text())
 
     shutil.rmtree(project / "data/store")  # every call paid again, now on the cluster
     full["evolve"].update(task_runner="dask", dask_address=address)
@@ -252,7 +252,7 @@ def test_dvc_repro_evolve_on_the_cluster_equals_threads(cluster, tmp_path, root)
     out = _sh(["dvc", "repro", "-f", "-s", "evolve"], project, env)
     assert "Running stage 'evolve'" in out and "Running stage 'encode'" not in out
     np.testing.assert_array_equal(np.load(checkpoint), threads)
-    on_cluster = json.loads((project / "data/evolve/metrics.json").read_text())
+    on_cluster = json.loads((project / "reports/metrics/evolve.json").read_text())
     same = ("calls_made", "store_hits", "saved_fitness", "best_candidate_fitness", "failed_calls")
     assert {k: on_cluster[k] for k in same} == {k: metrics[k] for k in same} and metrics["calls_made"] > 0
     with Client(address, timeout=30, set_as_default=False) as client:

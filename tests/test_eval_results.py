@@ -31,7 +31,7 @@ def test_the_committed_run_reads_and_writes_back_byte_for_byte(tmp_path):
     results.write(tmp_path / "results.json")
     assert (tmp_path / "results.json").read_bytes() == (COMMITTED / "results.json").read_bytes()
     write_json(tmp_path / "metrics.json", results.dvc_metrics())
-    assert (tmp_path / "metrics.json").read_bytes() == (COMMITTED / "metrics.json").read_bytes()
+    assert (tmp_path / "metrics.json").read_bytes() == (COMMITTED.parents[1] / "reports/metrics/evaluate.json").read_bytes()
 
 
 def test_typed_views_say_what_the_file_says():

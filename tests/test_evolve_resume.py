@@ -92,7 +92,7 @@ def test_kill9_then_resume_matches_uninterrupted_run(tmp_path):
     _set_generations(a, G + 2)
     subprocess.run(_cli(a, "evolve"), check=True, capture_output=True, timeout=900, env=env)
     ha = _history(a)
-    calls_a = json.loads((a / "data/evolve/metrics.json").read_text())["calls_made"]
+    calls_a = json.loads((a / "reports/metrics/evolve.json").read_text())["calls_made"]
     calls_a_first_g = sum(h["calls_made"] for h in ha[:G])
     assert calls_a > calls_a_first_g > 0
 
@@ -122,7 +122,7 @@ def test_kill9_then_resume_matches_uninterrupted_run(tmp_path):
     assert len(pickled_walls) == killed_at
     paid_before = _responses(b)
     subprocess.run(_cli(b, "evolve"), check=True, capture_output=True, timeout=900, env=env)
-    calls_resumed = json.loads((b / "data/evolve/metrics.json").read_text())["calls_made"]
+    calls_resumed = json.loads((b / "reports/metrics/evolve.json").read_text())["calls_made"]
     hb = _history(b)
     assert len(hb) == G
     # it carried on from the checkpoint (the generations played before the kill, with their timings), not from 0

@@ -260,7 +260,7 @@ def test_evaluate_raises_an_outage_after_writing_its_results(tmp_path, monkeypat
     rows = [json.loads(line) for line in (paths.eval_dir / "episodes.jsonl").read_text().splitlines()]
     out = [r for r in rows if (r["error"] or "").startswith("outage:")]
     assert {r["method"] for r in out} >= {"alone:b"} and all(r["score"] is None for r in out)
-    assert (paths.eval_dir / "results.json").exists() and (paths.eval_dir / "metrics.json").exists()
+    assert (paths.eval_dir / "results.json").exists() and paths.metrics("evaluate").exists()
     msg = str(err.value)
     assert f"{len(out)} of {len(rows)} items unscored by an outage" in msg and "b: " in msg
     assert "alone:b: 3" in msg and "only the failed calls again" in msg

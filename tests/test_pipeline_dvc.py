@@ -110,12 +110,12 @@ def test_repro_produces_checkpoint_report_and_wandb_run(repo):
     groups = {r.group for r in local_runs(Path(env["WANDB_DIR"]))}
     assert len(groups) == 1 and next(iter(groups)).startswith("dvc-"), groups
     built = publish(Path(env["WANDB_DIR"]), mode="offline")
-    assert not built.saved and built.group in groups and built.model_path.is_file()
+    assert not built.saved and built.group in groups and built.description_path.is_file()
     assert sorted(r.job_type for r in built.runs) == sorted(("prepare", "encode", "evolve", "router", "evaluate",
                                                              "report"))
-    panels = [p for b in json.loads(built.model_path.read_text())["report"]["spec"]["blocks"]
-              if b["type"] == "panel-grid" for p in b["metadata"]["panelBankSectionConfig"]["panels"]]
-    media = {k for p in panels for k in p["config"].get("mediaKeys", [])}
+    described = json.loads(built.description_path.read_text())["report"]
+    media = {k for sec in described["sections"] for g in sec["grids"] for p in g["panels"]
+             if p["type"] == "MediaBrowser" for k in p["keys"]}
     assert {"plots/scores", "plots/fitness", "plots/usage", "plots/score_vs_compute"} <= media
     assert not (repo / "data/exports").exists()  # the store's export is `trinity export`, no stage output
     # DVC reads the same results: the top-level metrics and plots
@@ -158,28 +158,63 @@ def test_runtime_settings_and_orchestration_code_rerun_nothing(repo):
         flow.write_text(saved[1])
 
 
-def test_a_queued_experiments_copy_shares_the_workspaces_store(tmp_path):
-    """DVC runs a queued experiment in a copy under <workspace>/.dvc/tmp/exps/: its outputs are its own, its
-    response store is the workspace's."""
-    from trinity.stages.paths import Paths
+def test_the_store_is_the_checkouts_own_or_the_one_named_explicitly(tmp_path, monkeypatch):
+    """A run in a copy of the checkout (DVC's `dvc exp run --temp`) shares a store only when told which:
+    TRINITY_STORE, an absolute path (`make ablation` sets it); a relative path or a directory is refused by name."""
+    from trinity.stages.paths import STORE_ENV, Paths
 
     ws = tmp_path / "ws"
-    (ws / ".dvc").mkdir(parents=True)
-    (ws / ".dvc" / "config").write_text("")
-    for copy in (ws / ".dvc/tmp/exps/tmpab12cd", ws / ".dvc/tmp/exps/standalone/tmpef34gh"):
-        assert Paths(copy).store == ws / "data/store/trinity.duckdb"
-        assert Paths(copy).checkpoint == copy / "data/checkpoints/coordinator"
     assert Paths(ws).store == ws / "data/store/trinity.duckdb"
-    elsewhere = tmp_path / "not-dvc/tmp/exps/tmpab12cd"  # no DVC workspace above it: a checkout of its own
-    assert Paths(elsewhere).store == elsewhere / "data/store/trinity.duckdb"
+    shared = tmp_path / "shared" / "trinity.duckdb"
+    monkeypatch.setenv(STORE_ENV, str(shared))
+    copy = ws / ".dvc/tmp/exps/standalone/tmpef34gh"
+    assert Paths(copy).store == shared and Paths(ws).store == shared
+    assert Paths(copy).checkpoint == copy / "data/checkpoints/coordinator"  # its outputs stay its own
+    monkeypatch.setenv(STORE_ENV, "data/store/trinity.duckdb")
+    with pytest.raises(ValueError, match="TRINITY_STORE='data/store/trinity.duckdb': the store's path must be absolute"):
+        Paths(ws).store
+    monkeypatch.setenv(STORE_ENV, str(tmp_path))
+    with pytest.raises(ValueError, match="is a directory: name the store's file"):
+        Paths(ws).store
 
 
 DVC_OUTPUTS = ("data/prepared/train.jsonl", "data/prepared/in_distribution.jsonl", "data/prepared/heldout.jsonl",
-               "data/prepared/summary.json", "data/encode/root_states.parquet", "data/encode/summary.json",
-               "data/checkpoints/coordinator.npy", "data/checkpoints/coordinator.json", "data/evolve/metrics.json",
-               "data/evolve/history.json", "data/eval/episodes.jsonl", "data/eval/results.json",
-               "data/eval/metrics.json")
-"""What the pipeline writes under data/ (git-ignored): DVC's cache and remote carry every one of them."""
+               "data/encode/root_states.parquet", "data/checkpoints/coordinator.npy",
+               "data/checkpoints/coordinator.json", "data/evolve/history.json", "data/eval/episodes.jsonl",
+               "data/eval/results.json")
+METRICS = ("reports/metrics/prepare.json", "reports/metrics/encode.json", "reports/metrics/evolve.json",
+           "reports/metrics/router.json", "reports/metrics/evaluate.json")
+"""What the pipeline writes under data/ (git-ignored): DVC's cache and remote carry every one of them. The stages'
+metrics (`METRICS`) are in git instead."""
+
+
+def test_metrics_are_in_git_so_a_fresh_clone_shows_them_without_a_pull(repo, tmp_path):
+    """The stages' metrics files are git's, not DVC's cache's (`cache: false`, not git-ignored), and a
+    fresh clone (no `dvc pull`) reads them in `dvc metrics show` and `dvc exp show` (not `!`)."""
+    repo, env, _, _ = repo
+    ignored = subprocess.run(["git", "check-ignore", *METRICS], cwd=repo, env=env, capture_output=True, text=True)
+    assert ignored.stdout == "", f"git-ignored: {ignored.stdout}"
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    outs = {o["path"]: o for st in lock["stages"].values() for o in st.get("outs", [])}
+    assert set(METRICS) <= set(outs)
+    _sh(["git", "add", "-A"], repo, env)
+    _sh(["git", "commit", "-q", "--allow-empty", "-m", "pipeline run"], repo, env)
+    clone = tmp_path / "clone"
+    _sh(["git", "clone", "-q", str(repo), str(clone)], tmp_path, env)
+    assert not (clone / "data/eval/results.json").exists()  # DVC's outputs are not there without a pull
+    r = subprocess.run(["dvc", "metrics", "show", "--json"], cwd=clone, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    (workspace,) = shown.values()
+    files = workspace["data"]
+    assert all("error" not in files[m] for m in METRICS), files
+    assert files["reports/metrics/evolve.json"]["data"]["saved_fitness"] == \
+        json.loads((repo / "reports/metrics/evolve.json").read_text())["saved_fitness"]
+    table = _sh(["dvc", "exp", "show", "--no-pager", "--md", "--drop", ".*", "--keep", "Experiment|saved_fitness"],
+                clone, env)
+    assert "!" not in table, table
+    print(f"\n[dvc] a fresh clone's exp show:\n{table}")
 
 
 def _remote_files(remote: Path) -> set[str]:
@@ -263,7 +298,7 @@ def test_weekly_retrain_without_a_dvc_remote_fails_by_name_before_any_stage(repo
 def test_forced_rerun_of_a_finished_stage_resumes_it(repo):
     repo, env, _, first = repo
     _sh(["dvc", "repro", "-f", "-s", "evolve"], repo, env)
-    metrics = json.loads((repo / "data/evolve/metrics.json").read_text())
+    metrics = json.loads((repo / "reports/metrics/evolve.json").read_text())
     assert metrics["resumed_from_generation"] == metrics["generations"] == 2 and metrics["calls_made"] == 0
     after = json.loads((repo / "data/checkpoints/coordinator.json").read_text())
     assert after["saved_fitness"] == first["saved_fitness"] and after["run_fingerprint"] == first["run_fingerprint"]
@@ -282,8 +317,8 @@ def test_evolve_param_change_reruns_evolve_and_downstream_only(repo):
         ran = {s for s in ("prepare", "encode", "evolve", "router", "evaluate", "report")
                if f"Running stage '{s}'" in out}
         assert ran == {"evolve", "router", "evaluate", "report"}  # the router trains on the evolve budget too
-        assert json.loads((repo / "data/evolve/metrics.json").read_text())["calls_made"] == 0
-        assert json.loads((repo / "data/router/metrics.json").read_text())["calls_made"] == 0
+        assert json.loads((repo / "reports/metrics/evolve.json").read_text())["calls_made"] == 0
+        assert json.loads((repo / "reports/metrics/router.json").read_text())["calls_made"] == 0
     finally:
         params["evolve"]["generations"] = 2
         (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -303,7 +338,7 @@ def test_code_edit_reruns_evolve_as_a_new_run_from_stored_calls(repo):
         ran = {s for s in ("prepare", "encode", "evolve", "router", "evaluate", "report")
                if f"Running stage '{s}'" in out}
         assert {"evolve", "router", "evaluate", "report"} <= ran and "prepare" not in ran
-        metrics = json.loads((repo / "data/evolve/metrics.json").read_text())
+        metrics = json.loads((repo / "reports/metrics/evolve.json").read_text())
         assert metrics["resumed_from_generation"] == 0 and metrics["generations"] == 2
         assert metrics["calls_made"] == 0 and metrics["store_hits"] > 0
         after = json.loads((repo / "data/checkpoints/coordinator.json").read_text())
@@ -317,9 +352,9 @@ def test_code_edit_reruns_evolve_as_a_new_run_from_stored_calls(repo):
 def test_optimiser_ablation_as_dvc_experiments(repo, tmp_path):
     """The ablation as `make ablation` runs it, on two methods: one experiment per method (`dvc exp run --temp -S
     evolve.method=...`), each in a temporary copy of the workspace, one after the other, compared in `dvc exp show
-    --json` (each with its training and evaluation metrics, read from DVC's cache), tabulated by
-    scripts/ablation_report.py. The experiments share the workspace's response store: their evolve runs are
-    recorded in it. (Not DVC's celery queue: its worker hangs after one or two experiments, treeverse/dvc#10428.)"""
+    --json` (each with its training and evaluation metrics, from its commit), tabulated by
+    scripts/ablation_report.py. The experiments share the workspace's response store, named by TRINITY_STORE:
+    their evolve runs are recorded in it. (Not DVC's celery queue: its worker hangs after one or two experiments, treeverse/dvc#10428.)"""
     import duckdb
 
     repo, env, _, _ = repo
@@ -336,8 +371,8 @@ def test_optimiser_ablation_as_dvc_experiments(repo, tmp_path):
     methods = ("reinforce", "random_search")
     ran = ""
     for m in methods:
-        ran += _sh(["dvc", "exp", "run", "--temp", "--name", f"ablation-{m}", "-S", f"evolve.method={m}"], repo, env,
-                   timeout=1800)
+        ran += _sh(["dvc", "exp", "run", "--temp", "--name", f"ablation-{m}", "-S", f"evolve.method={m}"], repo,
+                   {**env, "TRINITY_STORE": str(store)}, timeout=1800)  # as `make ablation` names it
     listed = _sh(["dvc", "exp", "list", "--name-only"], repo, env).split()
     assert {f"ablation-{m}" for m in methods} <= set(listed), listed  # what `make ablation` checks to skip one
     # outside the workspace: its own outputs are untouched

@@ -104,8 +104,8 @@ def write_plot(plots_dir: Path, stem: str) -> Path:
 
 
 def _records(run_dir: Path) -> list:
-    """The protobuf records of an offline run's transaction log (the reader the W&B report uses)."""
-    from trinity.ops.wandb_report import read_records
+    """The protobuf records of an offline run's transaction log (the tests' own reader: tests/wandb_log.py)."""
+    from wandb_log import read_records
 
     return read_records(next(run_dir.glob("run-*.wandb")))
 

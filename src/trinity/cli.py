@@ -286,12 +286,12 @@ def report(
         _fail(str(e))
     stages_run = ", ".join(f"{r.job_type} ({r.name})" for r in out.runs)
     print(f"W&B report of group {out.group}: {len(out.runs)} runs: {stages_run}")
-    print("\n".join(outline(json.loads(out.model_path.read_text())["report"])))
-    print(f"model: {out.model_path}")
+    print("\n".join(outline(json.loads(out.description_path.read_text())["report"])))
+    print(f"description: {out.description_path}")
     if out.saved:
         print(f"saved: {out.url}")
     else:
-        print(f"trinity: W&B report built but NOT saved: {out.reason}; its model is in {out.model_path}",
+        print(f"trinity: W&B report built but NOT saved: {out.reason}; its description is in {out.description_path}",
               file=sys.stderr)
 
 

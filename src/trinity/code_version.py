@@ -59,6 +59,10 @@ COMPATIBLE_REFACTORS: dict[str, str] = {
     # reworked (exact artifact versions; W&B only). No request, reply, key or score changes
     # (tests/test_episode_pinned.py).
     "7ecaa2c28cd37518": "b946c7714f1e17d7",
+    # issue 28: the stages' metrics files moved to reports/metrics/<stage>.json (git, not DVC's cache), the store's
+    # path may be named explicitly (TRINITY_STORE), and W&B runs record the keys they log (trinity_run.json). Where
+    # files are written and what W&B is told; no request, reply, key or score changes (tests/test_episode_pinned.py).
+    "062965d3942e7278": "b946c7714f1e17d7",
 }
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
 

@@ -529,7 +529,7 @@ class EvalResults:
         return sum((self.cell(method, b.name) or Cell()).figure(figure) or 0 for b in self.in_split(split))
 
     def dvc_metrics(self) -> dict[str, dict[str, float]]:
-        """data/eval/metrics.json, the DVC metrics file: {method: {benchmark: score, avg_in_distribution,
+        """reports/metrics/evaluate.json, the DVC metrics file: {method: {benchmark: score, avg_in_distribution,
         avg_heldout}}, numbers only (a missing score or average is left out)."""
         out = {}
         for method, per in self.scores.items():

@@ -42,12 +42,16 @@ from typing import Any
 
 from trinity.code_version import code_version
 from trinity.config import PROJECT_ROOT, Settings
+from trinity.files import write_json
 from trinity.evaluation.results import SPLIT_KEYS, Cell, EvalResults
 from trinity.redact import redact, redact_text, register_pool
 
 GROUP_ENV = "TRINITY_WANDB_GROUP"
 INPUTS_FILE = "trinity_inputs.json"
 """The run's exact inputs, as a file of the run (in its files/ directory), for `restore_lineage` after a sync."""
+RUN_FILE = "trinity_run.json"
+"""Who the run is and the keys it logged (history and summary), as a file of the run written when it ends: what
+`trinity.ops.wandb_report` builds an offline report from (online it asks W&B's public API, `wandb.Api().runs`)."""
 WANDB_GROUP_ENV = "WANDB_RUN_GROUP"
 DVC_EXP_ENV = "DVC_EXP_NAME"
 
@@ -250,6 +254,8 @@ class StageRun:
         self._wandb = wandb
         self.wandb_dir = wandb_dir
         self._inputs: list[dict[str, str]] = []
+        self._history_keys: dict[str, None] = {}  # keys passed to `run.log`, in first-logged order
+        self._summary_keys: dict[str, None] = {}
         self.run = wandb.init(
             project=settings.tracking.wandb_project, job_type=stage, group=wandb_group(), mode=mode,
             dir=str(wandb_dir), name=run_id(settings, stage),
@@ -268,7 +274,9 @@ class StageRun:
         return bool(getattr(self.run, "offline", False) or getattr(self.run, "disabled", False))
 
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        self.run.log(redact(metrics), step=step)
+        metrics = redact(metrics)
+        self._history_keys.update(dict.fromkeys(metrics))
+        self.run.log(metrics, step=step)
 
     def make_table(self, columns: list[str], rows: list[list[Any]]):
         """A redacted `wandb.Table` (not logged): cells of mixed types are allowed."""
@@ -276,17 +284,24 @@ class StageRun:
                                  allow_mixed_types=True)
 
     def table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
-        self.run.log({redact_text(key): self.make_table(columns, rows)})
+        self._log_media(key, self.make_table(columns, rows))
 
     def image(self, key: str, path: Path) -> None:
         """Log the image file at `path` (a PNG) as a `wandb.Image` under `key`."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"image to log not found: {path}")
-        self.run.log({redact_text(key): self._wandb.Image(str(path))})
+        self._log_media(key, self._wandb.Image(str(path)))
+
+    def _log_media(self, key: str, media) -> None:
+        """A table or image under `key` (redacted): the object itself is already redacted, or a file."""
+        key = redact_text(key)
+        self._history_keys[key] = None
+        self.run.log({key: media})
 
     def summary(self, values: dict[str, Any]) -> None:
         for k, v in redact(values).items():
+            self._summary_keys[k] = None
             self.run.summary[k] = v
 
     def log_artifact(self, name: str, type: str, paths: Iterable[Path], metadata: dict | None = None):
@@ -347,7 +362,7 @@ class StageRun:
             self._inputs.append(entry)
         inputs = redact([dict(e) for e in self._inputs])
         self.run.config.update({"inputs": inputs}, allow_val_change=True)
-        self.run.summary["inputs"] = inputs
+        self.summary({"inputs": inputs})
         if self.dir and Path(self.dir).is_dir():  # a file of the run (synced with it; none when W&B is disabled),
             (Path(self.dir) / INPUTS_FILE).write_text(json.dumps(inputs, indent=1))  # read by `recorded_inputs`
         if self.offline:
@@ -363,13 +378,26 @@ class StageRun:
         """The evaluate stage's results in this run (`log_eval_results`)."""
         log_eval_results(self, results, plots_dir)
 
+    def record(self) -> dict[str, Any]:
+        """Who this run is and the keys it logged (`RUN_FILE`)."""
+        r = self.run
+        return {"id": r.id, "name": r.name, "group": r.group, "job_type": r.job_type, "project": r.project,
+                "entity": getattr(r, "entity", "") or "", "started": float(r.start_time),
+                "history_keys": list(self._history_keys), "summary_keys": list(self._summary_keys)}
+
+    def _write_record(self) -> None:
+        if self.dir and Path(self.dir).is_dir():  # none when W&B is disabled
+            write_json(Path(self.dir) / RUN_FILE, self.record())
+
     def finish(self) -> None:
+        self._write_record()
         self.run.finish()
 
     def __enter__(self) -> "StageRun":
         return self
 
     def __exit__(self, exc_type, *_) -> None:
+        self._write_record()
         self.run.finish(exit_code=1 if exc_type else 0)
 
 
@@ -479,7 +507,7 @@ def sync(wandb_dir: Path, project: str = "trinity", entity: str | None = None,
     return out
 
 
-__all__ = ["EVAL_PAIRED_TABLE", "EVAL_SUMMARY_TABLE", "EVAL_TABLE_PREFIX", "GROUP_ENV", "PLOTS_PREFIX", "StageRun",
+__all__ = ["EVAL_PAIRED_TABLE", "EVAL_SUMMARY_TABLE", "EVAL_TABLE_PREFIX", "GROUP_ENV", "PLOTS_PREFIX", "RUN_FILE", "StageRun",
            "artifact_name", "content_alias", "group_name", "log_eval_results", "pipeline_run_id", "recorded_inputs",
            "restore_lineage", "sync", "wandb_group"]
 

@@ -12,29 +12,32 @@ The report (`build_report`) has four sections, each a panel grid whose run set i
 * score vs compute — `plots/score_vs_compute` (average score against tokens per task, per method) and
   evolve's running totals of new calls and cost.
 
-Every key a panel references is taken from the keys the group's runs logged (`LoggedRun`, read from the runs'
-transaction logs `run-<id>.wandb` under WANDB_DIR: online and offline runs both write one), never from a list
-kept here: a panel whose keys no run logged is left out, and the section says what is missing (e.g. a stage
-DVC did not re-run in this pipeline run: its run is in the group of the run that ran it).
+Every key a panel references is taken from the keys the group's runs logged (`LoggedRun`), never from a list kept
+here: a panel whose keys no run logged is left out, and the section says what is missing (e.g. a stage DVC did not
+re-run in this pipeline run: its run is in the group of the run that ran it). Where those keys come from, only
+through public interfaces: online, the W&B server's public API (`wandb.Api().runs`: each run's `history_keys` and
+`summary`, `server_runs`); offline, the record each stage's run writes when it ends (`trinity.ops.tracking.RUN_FILE`
+in its files/ directory: the keys it passed to `run.log` and the summary, `local_runs`).
 
 Saving (`publish`) needs W&B online (WANDB_MODE, else params `tracking.wandb_mode`), an API key (WANDB_API_KEY or
-~/.netrc) and the server reachable; then `Report.save()` resolves each run set's project and uploads it. Else
-the report is built but not saved, and says so. Either way its model (the JSON spec W&B stores) is written to
-`<WANDB_DIR>/reports/<group>.json`. Offline the run sets carry no entity/project (binding them needs the
-server's project id); they get them when saved.
+~/.netrc), the server reachable, and the group's runs on it (offline runs: `python -m trinity.ops.tracking sync`
+first); then `Report.save()` uploads it. Else the report is built from the local records but not saved, and says
+why. Either way its description (`describe`: sections, run sets, panels and their keys, from the report's public
+fields) is written to `<WANDB_DIR>/reports/<group>.json`. Offline the run sets carry no entity/project; they get
+them when saved.
 """
 from __future__ import annotations
 
 import json
 import os
 import socket
-import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlparse
 
-from trinity.ops.tracking import EVAL_PAIRED_TABLE, EVAL_SUMMARY_TABLE, EVAL_TABLE_PREFIX, PLOTS_PREFIX, group_name
+from trinity.ops.tracking import (EVAL_PAIRED_TABLE, EVAL_SUMMARY_TABLE, EVAL_TABLE_PREFIX, PLOTS_PREFIX, RUN_FILE,
+                                  group_name)
 
 # What the stages log (trinity.stages.evolve.generation_logger, .report); panels use those of them a run holds.
 FITNESS_KEYS = ("saved_fitness", "mean_fitness", "best_candidate_fitness")
@@ -52,35 +55,6 @@ class ReportInputError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------ the runs' keys
-def read_records(run_file: Path) -> list:
-    """The protobuf records (`wandb_internal_pb2.Record`) of a run's transaction log `run-<id>.wandb`: a
-    LevelDB-style log of 32 KiB blocks of (crc, length, type) chunks after a 7-byte header. wandb 0.31 has no
-    public reader for it (and writes no `wandb-summary.json` for an offline run)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = Path(run_file).read_bytes()
-    if data[:4] != b":W&B":
-        raise ReportInputError(f"{run_file} is not a W&B transaction log")
-    out, pos, buf, block = [], 7, b"", 32768
-    while pos + 7 <= len(data):
-        room = block - pos % block
-        if room < 7:
-            pos += room
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        pos += 7
-        if kind == 0:  # block padding
-            pos += room - 7
-            continue
-        chunk, pos = data[pos:pos + length], pos + length
-        buf = chunk if kind in (1, 2) else buf + chunk
-        if kind in (1, 4):  # full / last chunk: a record is complete
-            record = pb.Record()
-            record.ParseFromString(buf)
-            out.append(record)
-    return out
-
-
 @dataclass
 class LoggedRun:
     """What a report needs to know of one W&B run: who it is and which keys it logged."""
@@ -95,63 +69,59 @@ class LoggedRun:
     """Keys passed to `run.log` (scalars, tables, images), in the order first logged."""
     summary_keys: list[str] = field(default_factory=list)
     path: str = ""
+    """Where the run is: its local directory, or entity/project/id on the W&B server."""
 
     @property
     def keys(self) -> list[str]:
         return self.history_keys + [k for k in self.summary_keys if k not in self.history_keys]
 
 
-def _run_keys(paths: dict[tuple[str, ...], None]) -> list[str]:
-    """Metric names from the flattened item paths of history / summary records, in first-logged order: W&B
-    writes `run.log({"k": v})` as ("k",), a table or image logged as "k" as ("k", "_type"), ("k", "path"), ...
-    (the media object's fields: the key is "k"), and a plain dict {"k": {"a": 1}} as ("k", "a"): "k.a"."""
-    media = {p[0] for p in paths if len(p) == 2 and p[1] == "_type"}
-    out: dict[str, None] = {}
-    for p in paths:
-        out.setdefault(p[0] if p[0] in media else ".".join(p), None)
-    return list(out)
-
-
-def _item_path(item) -> tuple[str, ...]:
-    return (item.key,) if item.key else tuple(item.nested_key)
+def _shown(key: str) -> bool:
+    return not key.startswith("_")  # W&B's own: _step, _runtime, _timestamp, _wandb
 
 
 def read_run(run_dir: Path) -> LoggedRun | None:
-    """The run whose files are in `run_dir` (`offline-run-*` or `run-*`), or None if it has no run record."""
-    files = sorted(Path(run_dir).glob("run-*.wandb"))
-    if not files:
+    """The run whose files are in `run_dir` (`offline-run-*` or `run-*`), from the record it wrote when it ended
+    (`trinity.ops.tracking.RUN_FILE`); None for a run without one (not a stage's run, or one still running)."""
+    record = Path(run_dir) / "files" / RUN_FILE
+    if not record.is_file():
         return None
-    run, history, summary = None, {}, {}
-    for r in read_records(files[0]):
-        kind = r.WhichOneof("record_type")
-        if kind == "run" and run is None:
-            run = r.run
-        elif kind == "history":
-            for item in r.history.item:
-                history.setdefault(_item_path(item), None)
-        elif kind == "summary":
-            for item in r.summary.update:
-                summary.setdefault(_item_path(item), None)
-    if run is None:
-        return None
-    # to the microsecond (W&B stores it so): runs of two pipeline runs can start within one second
-    started = (run.start_time.seconds + run.start_time.nanos / 1e9) if run.HasField("start_time") \
-        else files[0].stat().st_mtime
-    hidden = lambda k: k.startswith("_")  # noqa: E731  (_step, _runtime, _timestamp, _wandb)
-    return LoggedRun(id=run.run_id, name=run.display_name, group=run.run_group, job_type=run.job_type,
-                     project=run.project, entity=run.entity, started=float(started),
-                     history_keys=[k for k in _run_keys(history) if not hidden(k)],
-                     summary_keys=[k for k in _run_keys(summary) if not hidden(k)], path=str(run_dir))
+    try:
+        r = json.loads(record.read_text())
+        return LoggedRun(id=r["id"], name=r["name"], group=r["group"], job_type=r["job_type"], project=r["project"],
+                         entity=r.get("entity") or "", started=float(r["started"]),
+                         history_keys=[k for k in r["history_keys"] if _shown(k)],
+                         summary_keys=[k for k in r["summary_keys"] if _shown(k)], path=str(run_dir))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ReportInputError(f"{record}: not a run record ({e.__class__.__name__}: {e})") from e
 
 
 def local_runs(wandb_dir: Path) -> list[LoggedRun]:
-    """Every run under WANDB_DIR (its `wandb/` folder), oldest first."""
+    """Every stage run under WANDB_DIR (its `wandb/` folder), oldest first."""
     base = Path(wandb_dir) / "wandb"
     if not base.is_dir():
         raise ReportInputError(f"no W&B runs: {base} does not exist (the pipeline writes its runs there; set "
                                f"WANDB_DIR or --root to where they are)")
     runs = [r for d in sorted(base.glob("*run-*")) if d.is_dir() and (r := read_run(d)) is not None]
     return sorted(runs, key=lambda r: (r.started, r.path))
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).replace(tzinfo=timezone.utc).timestamp()
+
+
+def server_runs(api, entity: str, project: str, group: str) -> list[LoggedRun]:
+    """The runs of `group` in entity/project on the W&B server, through its public API (`wandb.Api().runs`,
+    their `history_keys` and `summary`), oldest first: online runs, and offline ones once synced."""
+    out = []
+    for r in api.runs(f"{entity}/{project}", filters={"group": group}, order="+created_at"):
+        history = (r.history_keys or {}).get("keys") or {}
+        out.append(LoggedRun(id=r.id, name=r.name, group=r.group, job_type=r.job_type, project=r.project,
+                             entity=r.entity, started=_epoch(r.created_at),
+                             history_keys=[k for k in history if _shown(k)],
+                             summary_keys=[k for k in r.summary.keys() if _shown(k)],
+                             path=f"{r.entity}/{r.project}/{r.id}"))
+    return out
 
 
 def select_group(runs: list[LoggedRun], group: str | None, where: Path) -> tuple[str, list[LoggedRun]]:
@@ -277,26 +247,58 @@ def build_report(runs: list[LoggedRun], group: str, *, project: str, entity: str
                      blocks=blocks)
 
 
-def report_model(report) -> dict:
-    """The report's model as W&B stores it (what `Report.save()` uploads: display name, project, spec)."""
-    return report._to_model().model_dump(by_alias=True, exclude_none=True, mode="json")
+def _panel(panel) -> dict:
+    """A panel of the report: its kind, title and the run keys it shows (the panel classes' public fields)."""
+    import wandb_workspaces.reports.v2 as wr
+
+    if isinstance(panel, wr.LinePlot):
+        keys = list(panel.y)
+    elif isinstance(panel, wr.MediaBrowser):
+        keys = list(panel.media_keys)
+    elif isinstance(panel, wr.WeavePanelSummaryTable):
+        keys = [panel.table_name]
+    else:
+        keys = []
+    return {"type": type(panel).__name__, "title": getattr(panel, "title", None), "keys": keys}
 
 
-def outline(model: dict) -> list[str]:
-    """The report's model in a few lines: each section, and each panel with its stage and the keys it shows."""
+def _filters(runset) -> str:
+    f = runset.filters
+    return f if isinstance(f, str) else " and ".join(str(x) for x in f)
+
+
+def describe(report) -> dict:
+    """The report as built (`build_report`), from its public fields: title, project and each section with its text
+    and its panel grids — each grid's run set (name, filters, where it is bound) and panels (kind, keys shown).
+    What `publish` writes beside the report, saved or not."""
+    import wandb_workspaces.reports.v2 as wr
+
+    sections: list[dict] = [{"heading": None, "text": [], "grids": []}]
+    for block in report.blocks:
+        if isinstance(block, wr.H2):
+            sections.append({"heading": str(block.text), "text": [], "grids": []})
+        elif isinstance(block, wr.P):
+            sections[-1]["text"].append(str(block.text))
+        elif isinstance(block, wr.PanelGrid):
+            sections[-1]["grids"].append({
+                "runsets": [{"name": rs.name, "filters": _filters(rs), "entity": rs.entity or "",
+                             "project": rs.project or ""} for rs in block.runsets],
+                "panels": [_panel(p) for p in block.panels]})
+    return {"title": report.title, "description": report.description, "project": report.project,
+            "entity": report.entity or "", "sections": sections}
+
+
+def outline(described: dict) -> list[str]:
+    """The report (`describe`) in a few lines: each section, and each panel with its run set's stage and the keys
+    it shows."""
     lines = []
-    for block in model["spec"]["blocks"]:
-        if block["type"] == "heading":
-            lines.append(f"## {block['children'][0]['text']}")
-        elif block["type"] == "panel-grid":
-            filters = block["metadata"]["runSets"][0]["filters"]["filters"]
-            stage = next((f["value"] for f in filters if f["key"]["name"] == "jobType"), "?")
-            for panel in block["metadata"]["panelBankSectionConfig"]["panels"]:
-                c = panel.get("config", {})
-                keys = c.get("metrics") or c.get("mediaKeys") or [
-                    c.get("panel2Config", {}).get("exp", {}).get("fromOp", {}).get("inputs", {}).get("key", {})
-                    .get("val", "?")]
-                lines.append(f"   [{stage}] {panel['viewType']}: {', '.join(keys)}")
+    for sec in described["sections"]:
+        if sec["heading"]:
+            lines.append(f"## {sec['heading']}")
+        for grid in sec["grids"]:
+            where = "; ".join(rs["name"].split(" (")[0] for rs in grid["runsets"])  # the stage: "<stage> (<group>)"
+            for p in grid["panels"]:
+                lines.append(f"   [{where}] {p['type']}: {', '.join(p['keys'])}")
     return lines
 
 
@@ -344,7 +346,7 @@ def why_not_saved(mode: str) -> str | None:
 class Published:
     group: str
     runs: list[LoggedRun]
-    model_path: Path
+    description_path: Path
     saved: bool
     url: str | None
     reason: str | None
@@ -353,29 +355,45 @@ class Published:
 
 def publish(wandb_dir: Path, *, group: str | None = None, project: str | None = None, entity: str | None = None,
             mode: str = "offline") -> Published:
-    """Build the report of `group` (default: the newest run's group) from the runs under `wandb_dir`; save it
-    when W&B can be reached (`why_not_saved`); write its model to `<wandb_dir>/reports/<group>.json`."""
+    """Build the report of `group` (default: the newest local run's group) and save it when W&B can be reached
+    (`why_not_saved`): then its runs and their keys come from the server (`server_runs`, the public API), else from
+    the run records under `wandb_dir` (`local_runs`). Its description (`describe`) is written to
+    `<wandb_dir>/reports/<group>.json` either way."""
+    import wandb_workspaces.reports.v2 as wr  # noqa: F401  (a missing package fails here, before any work)
+
     wandb_dir = Path(wandb_dir)
-    group, runs = select_group(local_runs(wandb_dir), group, wandb_dir / "wandb")
-    project = project or next((r.project for r in reversed(runs) if r.project), None) or "trinity"
-    entity = entity or os.environ.get("WANDB_ENTITY") or next((r.entity for r in reversed(runs) if r.entity), "")
     reason = why_not_saved(mode)
-    url = None
+    try:
+        local = local_runs(wandb_dir)
+    except ReportInputError:
+        if reason is not None or group is None:
+            raise
+        local = []  # online, a named group: the server has its runs
+    if group is None:
+        group, _ = select_group(local, None, wandb_dir / "wandb")
+    mine = [r for r in local if r.group == group]
+    project = project or next((r.project for r in reversed(mine) if r.project), None) or "trinity"
+    entity = entity or os.environ.get("WANDB_ENTITY") or next((r.entity for r in reversed(mine) if r.entity), "")
+    url, runs, report = None, [], None
     if reason is None:
         try:
-            if not entity:
-                import wandb
+            import wandb
 
-                entity = wandb.Api().default_entity or ""
-            report = build_report(runs, group, project=project, entity=entity, bind=True)
-            model = report_model(report)
-            report.save()
-            url = report.url
-        except Exception as e:  # the model is still written below; say why it was not saved
+            api = wandb.Api()
+            entity = entity or api.default_entity or ""
+            runs = server_runs(api, entity, project, group)
+            if not runs:
+                reason = (f"no run of group {group} in {entity}/{project} on the W&B server (offline runs get there "
+                          f"with `python -m trinity.ops.tracking sync`)")
+            else:
+                report = build_report(runs, group, project=project, entity=entity, bind=True)
+                report.save()
+                url = report.url
+        except Exception as e:  # the description is still written below; say why it was not saved
             reason = f"saving failed: {e.__class__.__name__}: {e}"
     if reason is not None:
+        group, runs = select_group(local, group, wandb_dir / "wandb")
         report = build_report(runs, group, project=project, entity=entity, bind=False)
-        model = report_model(report)
     out = wandb_dir / "reports" / f"{group}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
@@ -383,8 +401,8 @@ def publish(wandb_dir: Path, *, group: str | None = None, project: str | None = 
         "not_saved_because": reason,
         "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "runs": [{"id": r.id, "name": r.name, "job_type": r.job_type, "path": r.path} for r in runs],
-        "report": model}, indent=2) + "\n")
-    return Published(group=group, runs=runs, model_path=out, saved=reason is None, url=url, reason=reason)
+        "report": describe(report)}, indent=2) + "\n")
+    return Published(group=group, runs=runs, description_path=out, saved=reason is None, url=url, reason=reason)
 
 
 def publish_if_online(wandb_dir: Path, *, group: str, project: str | None, mode: str) -> Published | None:
@@ -399,9 +417,9 @@ def publish_if_online(wandb_dir: Path, *, group: str, project: str | None, mode:
         print(f"[report] W&B report of group {group} not built: {e.__class__.__name__}: {e}", flush=True)
         return None
     print(f"[report] W&B report of group {group}: " + (f"saved: {out.url}" if out.saved else
-          f"built but NOT saved ({out.reason}); its model is in {out.model_path}"), flush=True)
+          f"built but NOT saved ({out.reason}); its description is in {out.description_path}"), flush=True)
     return out
 
 
-__all__ = ["LoggedRun", "Published", "ReportInputError", "build_report", "local_runs", "outline", "publish", "read_records",
-           "publish_if_online", "read_run", "report_model", "select_group", "why_not_saved"]
+__all__ = ["LoggedRun", "Published", "ReportInputError", "build_report", "describe", "local_runs", "outline", "publish",
+           "publish_if_online", "read_run", "select_group", "server_runs", "why_not_saved"]

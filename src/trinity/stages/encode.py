@@ -32,5 +32,5 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
         pq.write_table(tbl, paths.encoded / "root_states.parquet")
     summary = {"encoder_id": encoder.encoder_id, "dim": int(encoder.dim), "transcripts": len(texts),
                "newly_encoded": cache.encoded, "wall_s": round(time.perf_counter() - t0, 3)}
-    write_json(paths.encoded / "summary.json", summary)
+    write_json(paths.metrics("encode"), summary)
     return summary

@@ -1,6 +1,6 @@
 """evaluate: every method (the coordinator, the learned router, each member, random routing) on the in-distribution
-and held-out items (params `evaluate`, `pool`, `coordinator`, `reward`); writes data/eval/results.json, metrics.json,
-episodes.jsonl."""
+and held-out items (params `evaluate`, `pool`, `coordinator`, `reward`); writes data/eval/results.json,
+episodes.jsonl and reports/metrics/evaluate.json."""
 from __future__ import annotations
 
 import json
@@ -32,7 +32,7 @@ def _judge_member(settings: Settings):
 
 def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     """Every method on the in-distribution and held-out items (trinity.evaluation.run); writes data/eval/results.json
-    (the table with its intervals), metrics.json (numbers only, for DVC) and episodes.jsonl (every item's
+    (the table with its intervals), reports/metrics/evaluate.json (numbers only, for DVC) and episodes.jsonl (every item's
     turns), as described in docs/eval_results_schema.md."""
     from trinity.code_version import code_version
     from trinity.data.splits import HELDOUT_SOURCES
@@ -119,7 +119,7 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     results = EvalResults.from_dict(out)  # checked against docs/eval_results_schema.md before it is written
     results.write(paths.eval_dir / "results.json")
     metrics = results.dvc_metrics()
-    write_json(paths.eval_dir / "metrics.json", metrics)
+    write_json(paths.metrics("evaluate"), metrics)
     _raise_on_outages(run.items)  # after writing: nothing computed is lost, and the retry pays only the outages
     if tracker is not None:
         tracker.log_eval_results(results)

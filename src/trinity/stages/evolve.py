@@ -126,7 +126,7 @@ def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, chec
                    "transient_failures": pool.stats.transient_failures,
                    "outage_episodes": sum(r["outage_episodes"] for r in history),
                    "n_params": layout.n_params, "svf_params": layout.n_svf}
-        write_json(out_dir / "metrics.json", metrics)
+        write_json(paths.metrics(name), metrics)
     lineage(tracker, paths, uses=("prepared",), logs="checkpoint" if name == "evolve" else f"{name}-checkpoint",
             metadata=metrics)
     return metrics

@@ -17,13 +17,13 @@ def artifact_files(key: str, paths) -> list[Path]:
     from trinity.stages.paths import SPLIT_FILES
 
     if key == "prepared":
-        return [paths.prepared / n for n in (*SPLIT_FILES.values(), "summary.json")]
+        return [*(paths.prepared / n for n in SPLIT_FILES.values()), paths.metrics("prepare")]
     if key == "checkpoint":
         return [paths.checkpoint.with_suffix(".npy"), paths.checkpoint.with_suffix(".json")]
     if key == "router-checkpoint":
         return [paths.router_checkpoint.with_suffix(".npy"), paths.router_checkpoint.with_suffix(".json")]
     if key == "eval":
-        return [paths.eval_dir / n for n in ("results.json", "metrics.json", "episodes.jsonl")]
+        return [paths.eval_dir / "results.json", paths.metrics("evaluate"), paths.eval_dir / "episodes.jsonl"]
     raise KeyError(f"no artifact {key!r} (known: {sorted(ARTIFACTS)})")
 
 

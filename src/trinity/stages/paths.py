@@ -1,29 +1,37 @@
-"""Where the pipeline's files live: `Paths` for a checkout, and the workspace whose store a DVC experiment shares."""
+"""Where the pipeline's files live: `Paths` for a checkout, and the store it uses (its own, or $TRINITY_STORE)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from trinity.config import PROJECT_ROOT
 
-DVC_EXPERIMENT_DIRS = (".dvc", "tmp", "exps")
-"""Where DVC runs an experiment outside the workspace: a temporary copy under <workspace>/.dvc/tmp/exps/ (`tmpXXXX`, or
-`standalone/tmpXXXX` for `dvc exp run --temp`), removed once the experiment is committed."""
+STORE_ENV = "TRINITY_STORE"
+"""The response and hidden-state store to use instead of the checkout's own (data/store/trinity.duckdb): an
+absolute path. Set it where a run happens in a copy of the checkout that should not pay again for what the checkout
+already stored: `make ablation` sets it for its `dvc exp run --temp` experiments (DVC runs those in a temporary
+copy of the workspace); set it yourself for `dvc exp run --temp` / `--queue`. Where the store is does not change
+what a stage computes (every call is keyed by its request), so it is no stage's param. DuckDB: one writer process
+per file, so experiments that share a store run one at a time."""
 
 SPLIT_FILES = {"train": "train.jsonl", "in_distribution": "in_distribution.jsonl", "heldout": "heldout.jsonl"}
 """The prepare stage's outputs under data/prepared/: split → file."""
 
 
-def dvc_workspace(root: Path) -> Path:
-    """The workspace `root` is a checkout of: `root` itself, or, when `root` is a temporary copy DVC made to run a
-    queued or `--temp` experiment (under <workspace>/.dvc/tmp/exps/), that workspace. Its store is the one the
-    experiment shares: the calls and hidden states the workspace already paid for are not paid again, and an
-    ablation's experiments reuse one another's (DuckDB's one writer at a time: one experiment at a time)."""
-    root = Path(root)
-    for ws in root.parents:
-        if ws.joinpath(*DVC_EXPERIMENT_DIRS) in root.parents and (ws / ".dvc" / "config").is_file():
-            return ws
-    return root
+def store_path(root: Path) -> Path:
+    """The store of checkout `root`: $TRINITY_STORE when set (`STORE_ENV`), else <root>/data/store/trinity.duckdb."""
+    explicit = os.environ.get(STORE_ENV, "").strip()
+    if not explicit:
+        return Path(root) / "data" / "store" / "trinity.duckdb"
+    path = Path(explicit).expanduser()
+    if not path.is_absolute():
+        raise ValueError(f"{STORE_ENV}={explicit!r}: the store's path must be absolute (a relative one would be "
+                         f"read against each copy of the checkout a run happens in, e.g. DVC's temporary copy)")
+    if path.is_dir():
+        raise ValueError(f"{STORE_ENV}={explicit!r} is a directory: name the store's file (e.g. "
+                         f"{path / 'trinity.duckdb'})")
+    return path
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,7 @@ class Paths:
     @property
     def encoded(self) -> Path: return self.data / "encode"
     @property
-    def store(self) -> Path: return dvc_workspace(self.root) / "data" / "store" / "trinity.duckdb"
+    def store(self) -> Path: return store_path(self.root)
     @property
     def checkpoint(self) -> Path: return self.data / "checkpoints" / "coordinator"
     @property
@@ -52,3 +60,10 @@ class Paths:
     def exports(self) -> Path: return self.data / "exports"
     @property
     def reports(self) -> Path: return self.root / "reports"
+    @property
+    def metrics_dir(self) -> Path: return self.reports / "metrics"
+
+    def metrics(self, stage: str) -> Path:
+        """The stage's metrics file (`dvc metrics show`, `dvc exp show`): small, so kept in git (`cache: false`),
+        where a fresh clone, and every experiment's commit, has it without `dvc pull`."""
+        return self.metrics_dir / f"{stage}.json"

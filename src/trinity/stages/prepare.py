@@ -27,6 +27,6 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
         save_tasks(paths.prepared / name, getattr(splits, split))
     summary = {split: len(getattr(splits, split)) for split in SPLIT_FILES}
     summary |= {f"{split}_sources": sorted({t.source for t in getattr(splits, split)}) for split in SPLIT_FILES}
-    write_json(paths.prepared / "summary.json", summary)
+    write_json(paths.metrics("prepare"), summary)
     lineage(tracker, paths, logs="prepared", metadata=summary)
     return summary
