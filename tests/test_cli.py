@@ -158,6 +158,7 @@ def test_every_other_failure_is_one_line_and_exit_5_with_the_traceback_under_deb
     params = (Path(__file__).parents[1] / "params.yaml").read_text()
     (root / "params.yaml").write_text(params.replace("root: ../shared/benchmarks", "root: /nonexistent/bench"))
     monkeypatch.chdir(tmp_path)  # --params params.yaml is read from --root, not from here
+    monkeypatch.delenv("TRINITY_DATA_DIR", raising=False)  # it would override data.root (.ci/run may set it)
     assert cli.main(["stage", "prepare", "--root", str(root)]) == cli.EXIT_FAILED
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
