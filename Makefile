@@ -25,7 +25,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export WANDB_SILENT := true
 
-.PHONY: setup setup-sandbox run run-full run-every-item ablation cost-front prefect-server test test-slow check-graders bench clean-venv
+.PHONY: setup setup-sandbox run run-full replay replay-full store-export run-every-item ablation cost-front prefect-server test test-slow check-graders bench clean-venv
 
 setup: $(SETUP_STAMP)
 
@@ -57,6 +57,41 @@ run: setup setup-sandbox
 	WANDB_RUN_GROUP="$${WANDB_RUN_GROUP:-run-$$(date -u +%Y%m%dT%H%M%S)}" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
 		$(VENV)/bin/dvc repro
 	@echo; cat reports/summary.md
+
+# Replay a committed run from the responses and states it shipped (replay/<profile>/: content-addressed zstd Parquet
+# segments, `trinity store export`): they are imported into the store, then every stage runs again with
+# TRINITY_REPLAY=1 (a request or a transcript state the store lacks is an error, never an LLM call or an encode) and
+# the encoder's `auto` dtype set to the one the states were computed in (so a bf16 run replays on any CPU, from its
+# own states). scripts/check_replay.py then compares reports/ with the committed one: only the run's own counters
+# (calls paid, store hits, wall times, newly encoded) may differ.
+REPLAY_DIR := replay/default
+replay: setup setup-sandbox
+	@ls $(REPLAY_DIR)/responses-*.parquet >/dev/null 2>&1 || { echo "make replay: no segments in $(REPLAY_DIR)" >&2; exit 1; }
+	$(VENV)/bin/trinity store import $(REPLAY_DIR)
+	TRINITY_REPLAY=1 TRINITY_ENCODER_AUTO_DTYPE="$$($(PY) -m trinity.store_segments dtype $(REPLAY_DIR))" \
+		WANDB_RUN_GROUP="replay-$$(date -u +%Y%m%dT%H%M%S)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc repro --force
+	$(PY) scripts/check_replay.py
+
+# The `full` profile's replay: its segments (replay/full_profile), the same experiment as `make run-full`, its outputs
+# kept in reports/full_profile/ and compared with the committed ones.
+REPLAY_FULL_DIR := replay/full_profile
+replay-full: setup setup-sandbox
+	@ls $(REPLAY_FULL_DIR)/responses-*.parquet >/dev/null 2>&1 || { echo "make replay-full: no segments in \
+	$(REPLAY_FULL_DIR): the committed full profile was measured before runs shipped their store (make run-full \
+	measures it again, then make store-export STORE_EXPORT_DIR=$(REPLAY_FULL_DIR) ships it)" >&2; exit 1; }
+	$(VENV)/bin/trinity store import $(REPLAY_FULL_DIR)
+	@date +%s > $(VENV)/.full_profile_start
+	TRINITY_REPLAY=1 TRINITY_ENCODER_AUTO_DTYPE="$$($(PY) -m trinity.store_segments dtype $(REPLAY_FULL_DIR))" \
+		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --name full-replay $(foreach p,$(FULL_TRAIN),-S $(p))
+	$(PY) scripts/keep_profile.py full_profile --started "$$(cat $(VENV)/.full_profile_start)" $(foreach p,$(FULL_TRAIN),--set $(p))
+	@rm -f $(VENV)/.full_profile_start
+	$(PY) scripts/check_replay.py --dir reports/full_profile
+
+# Ship what this checkout's store paid for (after `make run`: replay/default; after `make run-full`:
+# STORE_EXPORT_DIR=replay/full_profile): only rows the directory lacks are added, as new segments.
+STORE_EXPORT_DIR ?= $(REPLAY_DIR)
+store-export: setup
+	$(VENV)/bin/trinity store export $(STORE_EXPORT_DIR)
 
 # `dvc exp show` with the columns that compare runs (all of them make a table hundreds of characters wide)
 EXP_SHOW := dvc exp show --no-pager --md --drop '.*' \

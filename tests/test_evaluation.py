@@ -81,6 +81,56 @@ def _run(store, judge_model, tasks, methods=None, right=(True, False)):
     return run, models, pool, judge
 
 
+@pytest.fixture(autouse=True)
+def nothing_slow_on_the_http_loop():
+    """Every evaluation here runs under asyncio's slow-callback check on the pool's HTTP loop: any callback that
+    holds it over 1 s (an encode, a grade, a store scan run there) fails the test."""
+    from trinity.pool.http_loop import watch_slow_callbacks
+
+    with watch_slow_callbacks(1.0) as slow:
+        yield
+    assert slow == [], f"callbacks held the pool's HTTP loop: {slow}"
+
+
+def test_slow_encodes_and_grades_do_not_cost_calls_against_a_real_llama_server(tmp_path, monkeypatch):
+    """The evaluation against a real llama-server with the pool's connection retries off, while the encoder and the
+    grader each block for 6 s per call (longer than the server's 5 s keep-alive timeout): every call succeeds and
+    every item is scored (the calls run on the pool's HTTP loop, the encodes on the evaluation's, the grades on a
+    thread of their own)."""
+    import time
+
+    from trinity.config import PoolSettings
+    from trinity.pool import llama_server
+    from trinity.pool.runtime import build_pool
+
+    if llama_server.binary_problem() is not None:
+        pytest.skip(llama_server.binary_problem())
+    monkeypatch.setattr(llama_server, "CONNECTION_RETRIES", 0)
+
+    class SlowEncoder(HashEncoder):
+        def encode(self, texts):
+            time.sleep(6.0)
+            return super().encode(texts)
+
+    def slow_grade(task, text):
+        time.sleep(6.0)
+        return grade(task, text)
+
+    smol = {"name": "smol", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 16,
+            "temperature": 0.0}
+    settings = Settings.model_validate({"pool": {"members": [smol], "max_concurrency": 4},
+                                        "coordinator": {"max_turns": 2}})
+    with Store(tmp_path / "s.duckdb") as store:
+        pool = build_pool(settings.pool, store, {"verifier": 16, "thinker": 16})
+        run = evaluate(settings, np.zeros(4 * 8), {"in_distribution": MATH[:2]}, pool,
+                       StateCache(SlowEncoder(), store), slow_grade, methods=["alone:smol", "random-routing"])
+    llama_server.LLAMA_SERVERS.stop_all()  # later tests count the server starts they cause
+    assert pool.stats.failures == 0 and pool.stats.calls_made >= 3
+    assert all(i.error is None and i.score is not None for i in run.items), [i.error for i in run.items]
+    turns = [t for i in run.items for _, t in i.turns]
+    assert all(t.ok for t in turns) and max(t.latency_s for t in turns) < 5.0, [t.latency_s for t in turns]
+
+
 def test_every_method_plays_the_same_items_and_mt_bench_is_judged_turn_by_turn(tmp_path):
     with Store(tmp_path / "s.duckdb") as store:
         run, models, pool, judge = _run(store, ScriptedJudge(), {"in_distribution": MATH, "heldout": [MT]})

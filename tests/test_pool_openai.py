@@ -530,7 +530,7 @@ def test_structured_output_off_sends_no_response_format_and_reads_the_text_field
 
 def test_observers_see_every_reply_after_one_store_lookup_per_request():
     """`Pool.observe` reports each reply (request order, whether the store held it) from the one lookup
-    `complete_many` makes; `Pool.run_on` runs requests made on another thread's loop on the pool's loop."""
+    `complete_many` makes; every call runs on the process's HTTP loop, whichever loop or thread asks."""
     import threading
 
     from trinity.pool.runtime import Pool, Request
@@ -565,24 +565,22 @@ def test_observers_see_every_reply_after_one_store_lookup_per_request():
         assert store.lookups == 3 and [s for *_, s in seen] == [False, False, False]
         asyncio.run(pool.complete_many(reqs[:2]))
     assert store.lookups == 5 and seen[3:] == [(reqs[0].key, "a", True), (reqs[1].key, "b", True)]
-    assert [t for _, t, _ in seen[:3]] == ["a", "b", "a"] and len(echo.loops) == 2
+    from trinity.pool.http_loop import http_loop
+
+    assert [t for _, t, _ in seen[:3]] == ["a", "b", "a"] and echo.loops == [http_loop()] * 2
     asyncio.run(pool.complete_many(reqs[:1]))
     assert len(seen) == 5  # outside the block: not observed
 
-    async def serve():  # the pool's loop; an "episode" asks from a thread and loop of its own
-        home, out = asyncio.get_running_loop(), []
+    out = []
 
-        def episode():
-            with pool.run_on(home), pool.observe(lambda r, resp, stored: out.append(stored)):
-                asyncio.run(pool.complete(0, ask("c"), "worker"))
+    def episode():  # an "episode" asks from a thread and loop of its own: its call still runs on the HTTP loop
+        with pool.observe(lambda r, resp, stored: out.append(stored)):
+            asyncio.run(pool.complete(0, ask("c"), "worker"))
 
-        thread = threading.Thread(target=episode)
-        thread.start()
-        await asyncio.to_thread(thread.join)
-        return home, out
-
-    home, out = asyncio.run(serve())
-    assert echo.loops[-1] is home and out == [False]
+    thread = threading.Thread(target=episode)
+    thread.start()
+    thread.join()
+    assert echo.loops[-1] is http_loop() and out == [False]
 
 
 def test_tally_counts_each_callers_own_calls_and_a_call_shared_in_flight_once():

@@ -109,6 +109,23 @@ def retry_failures_from_env() -> bool:
     return os.environ.get("TRINITY_RETRY_FAILURES", "").strip().lower() in ("1", "true", "yes")
 
 
+REPLAY_ENV = "TRINITY_REPLAY"
+"""Set to 1 for a replay (`make replay`): every answer and every hidden state must come from the store. A request
+it lacks is an error (`ReplayMiss`, raised by the pool) instead of an LLM call, and so is a transcript whose state
+it lacks (raised by the state cache) instead of an encode: a replay that would pay or recompute anything says so
+at once, naming what is missing, rather than silently becoming a new measurement."""
+
+
+class ReplayMiss(RuntimeError):
+    """A replay (TRINITY_REPLAY=1) needed something the store does not hold: the shipped segments do not cover the
+    run being replayed (or the code or settings changed what it asks)."""
+
+
+def replay_only() -> bool:
+    """Whether this process replays (TRINITY_REPLAY=1): no LLM call, no encode."""
+    return os.environ.get(REPLAY_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
 def text_key(text: str) -> str:
     return stable_hash(text)
 
@@ -189,6 +206,11 @@ class Store:
                   f"reading a snapshot of it", file=sys.stderr, flush=True)
             return con
         raise RuntimeError(f"cannot read store {self.path} while another process writes it: {last}")
+
+    def reload_responses(self) -> None:
+        """Serve what the file holds now (after rows were added to it directly, e.g. `store_segments.import_segments`)."""
+        self._responses.clear()
+        self._load_responses()
 
     def _load_responses(self) -> None:
         cols = {r[0] for r in self.con.execute("DESCRIBE responses").fetchall()}

@@ -30,15 +30,25 @@ class EncoderError(RuntimeError):
     pass
 
 
+AUTO_DTYPE_ENV = "TRINITY_ENCODER_AUTO_DTYPE"
+"""What "auto" resolves to, instead of this CPU's pick: a replay sets it to the dtype of the states it ships
+(`trinity.store_segments`), so that a run made on a bf16 CPU is replayed from its own states on any CPU."""
+
+
 def resolve_dtype(dtype: str) -> torch.dtype:
     """"float32" | "bfloat16" | "auto": bfloat16 where oneDNN has native bf16 kernels (AVX512-BF16 / AMX),
     about 2x faster than fp32 there with features within ~1e-4 cosine of fp32; fp32 elsewhere (bf16 is
-    emulated, and slower, on CPUs without those instructions)."""
+    emulated, and slower, on CPUs without those instructions). env TRINITY_ENCODER_AUTO_DTYPE overrides auto."""
     if dtype == "float32":
         return torch.float32
     if dtype == "bfloat16":
         return torch.bfloat16
     if dtype == "auto":
+        forced = os.environ.get(AUTO_DTYPE_ENV, "").strip()
+        if forced:
+            if forced not in ("float32", "bfloat16"):
+                raise ValueError(f"{AUTO_DTYPE_ENV}={forced!r}: expected float32 or bfloat16")
+            return resolve_dtype(forced)
         try:
             native = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
         except (AttributeError, RuntimeError):

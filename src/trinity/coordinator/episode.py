@@ -39,7 +39,7 @@ from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, forc
                                       role_messages, turn_of)
 from trinity.pool.runtime import Request
 from trinity.records import Task, stable_hash
-from trinity.store import Store, text_key
+from trinity.store import REPLAY_ENV, ReplayMiss, Store, replay_only, text_key
 
 
 class OutageError(RuntimeError):
@@ -126,6 +126,10 @@ class StateCache:
             for i, k in enumerate(keys):
                 if k not in mem and k not in todo:
                     todo[k] = render(i)
+        if todo and replay_only():
+            raise ReplayMiss(f"replay ({REPLAY_ENV}=1): {len(todo)} transcript state(s) of encoder {enc_id} not in "
+                             f"the store: the imported segments were computed by another encoder (its id names the "
+                             f"dtype: TRINITY_ENCODER_AUTO_DTYPE picks the run's), or the run differs")
         if todo:
             vecs = np.asarray(self.encoder.encode(list(todo.values())), dtype=np.float32)
             self.encoded += len(todo)

@@ -20,8 +20,10 @@ and scores as wrong.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -158,6 +160,16 @@ class _Progress:
               file=sys.stderr, flush=True)
 
 
+ONE_AT_A_TIME_ENV = "TRINITY_EVAL_ONE_AT_A_TIME"
+"""Set to 1: evaluate one (benchmark, method) run after another instead of all at once. The same requests and store
+keys (replies may differ where batching differs, as between any two fresh runs); slower. For comparison and
+debugging: bench/eval_concurrency.py measures the default against it."""
+
+
+def one_at_a_time() -> bool:
+    return os.environ.get(ONE_AT_A_TIME_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
 def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[Task]], pool, states: StateCache,
              grade: Callable[[Task, str], float], judge=None, methods: Sequence[str] | None = None,
              router: tuple[np.ndarray, StateCache] | None = None) -> EvalRun:
@@ -206,6 +218,19 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[T
         idx = pool.names.index(method.removeprefix("alone:"))
         return lambda ts: alone(idx, ts)
 
+    # Grading runs off the event loop, on one thread of its own (code grading runs a program in the sandbox for up
+    # to minutes: on the loop it would hold every other method's next turn), one item at a time as before (a loaded
+    # machine must not push a program past its time limit), each distinct (item, answer) once (a member's answer
+    # alone and the coordinator's first Worker turn are often the same reply).
+    grading = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trinity-grade")
+    grades: dict[tuple[Task, str], asyncio.Future] = {}
+
+    async def grade_off_loop(task: Task, answer: str) -> float:
+        fut = grades.get((task, answer))
+        if fut is None:
+            fut = grades[(task, answer)] = asyncio.get_running_loop().run_in_executor(grading, grade, task, answer)
+        return float(await fut)
+
     calls: dict[tuple[str, str], dict] = {}
     groups = [(split, bench, [t for t in ts if t.source == bench])
               for split, ts in tasks.items() for bench in dict.fromkeys(t.source for t in ts)]
@@ -215,7 +240,7 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[T
     async def run(split: str, bench: str, ts: Sequence[Task], method: str) -> list[ItemResult]:
         t0 = time.monotonic()
         with pool.tally() as paid:  # this run's own calls, while the others run too
-            done = await _run_method(method, player(method), ts, split, grade, judge)
+            done = await _run_method(method, player(method), ts, split, grade_off_loop, judge)
         calls[(method, bench)] = {"calls_new": paid.calls_made, "failed_calls": paid.failures}
         progress.report(bench, method, len(ts), paid.calls_made, paid.store_hits, time.monotonic() - t0)
         return done
@@ -224,11 +249,18 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[T
         # Every (benchmark, method) run at once: the pool's concurrency limit keeps `max_concurrency` calls in flight
         # across all of them, so a member's server batches the calls of every method (one method after another left
         # a lone member decoding one sequence on its share of the cores). A call two runs need (a member's answer
-        # alone and the coordinator's first Worker turn asking it the same) is made once, shared in flight.
+        # alone and the coordinator's first Worker turn asking it the same) is made once, shared in flight. The calls
+        # run on the pool's HTTP loop, the encodes on this one and the grades on a thread: none stalls another's
+        # connection. TRINITY_EVAL_ONE_AT_A_TIME=1: one run after another (bench/eval_concurrency.py's baseline).
+        if one_at_a_time():
+            return [await run(*r) for r in runs]
         return await asyncio.gather(*(run(*r) for r in runs))
 
     t_all = time.monotonic()
-    items = [item for done in asyncio.run(run_all()) for item in done]
+    try:
+        items = [item for done in asyncio.run(run_all()) for item in done]
+    finally:
+        grading.shutdown(wait=True)
     return EvalRun(items, calls, time.monotonic() - t_all)
 
 
@@ -238,7 +270,8 @@ def _conversation_turns(task: Task) -> int:
 
 
 async def _run_method(method: str, play, tasks: Sequence[Task], split: str, grade, judge) -> list[ItemResult]:
-    """One method on one benchmark's items: every conversation turn in order, then the grade or the judge."""
+    """One method on one benchmark's items: every conversation turn in order, then the grade (`await grade(task,
+    answer)`) or the judge."""
     answers: dict[str, tuple[str, ...]] = {t.id: () for t in tasks}
     record: dict[str, list[tuple[int, Transcript]]] = {t.id: [] for t in tasks}
     for k in range(1, max(map(_conversation_turns, tasks)) + 1):
@@ -247,7 +280,7 @@ async def _run_method(method: str, play, tasks: Sequence[Task], split: str, grad
         for t, tr in zip(asked, transcripts):
             record[t.id].append((k, tr))
             answers[t.id] += (tr.answer or "",)
-    out = []
+    out, grading = [], []
     for t in tasks:
         rec = record[t.id]
         turns = [(k, turn) for k, tr in rec for turn in tr.turns]
@@ -259,8 +292,13 @@ async def _run_method(method: str, play, tasks: Sequence[Task], split: str, grad
         if outage is not None:
             item.error = f"{OUTAGE_MARK}{outage.model} as {outage.role.value} failed ({outage.text[:200] or 'no reply'})"
         elif t.grader != "judge":
-            item.score = float(grade(t, item.answer)) if item.answer is not None and not item.verifier_first else 0.0
+            if item.answer is not None and not item.verifier_first:
+                grading.append(item)
+            else:
+                item.score = 0.0
         out.append(item)
+    for item, score in zip(grading, await asyncio.gather(*(grade(i.task, i.answer) for i in grading))):
+        item.score = score
     judged = [i for i in out if i.task.grader == "judge" and i.error is None]
     if judged:
         await _judge_items(judged, answers, judge)

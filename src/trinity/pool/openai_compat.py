@@ -47,6 +47,7 @@ import json
 import logging
 import random
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
@@ -206,6 +207,9 @@ class OpenAICompatibleChatModel:
         self._loop = loop
         self._closer = _close_at_loop_end(self._client)
         await self._closer.__anext__()
+        # A loop that outlives this member (the pool's HTTP loop lives as long as the process): when the member is
+        # collected, its client is closed there, not left to the garbage collector ("Unclosed client session").
+        weakref.finalize(self, _close_on, loop, self._client)
 
     # -- public ----------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -242,7 +246,12 @@ class OpenAICompatibleChatModel:
         return (prompt_tokens * m.price_input_per_mtok + completion_tokens * m.price_output_per_mtok) / 1e6
 
     async def aclose(self) -> None:
-        await self._client.close()
+        """Close the HTTP client, on the loop it belongs to (a pool's members live on the pool's HTTP loop)."""
+        loop = self._loop
+        if loop is not None and loop is not asyncio.get_running_loop() and not loop.is_closed():
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._client.close(), loop))
+        else:
+            await self._client.close()
 
     async def __aenter__(self) -> "OpenAICompatibleChatModel":
         return self
@@ -426,6 +435,17 @@ class OpenAICompatibleChatModel:
         return redact_text(text, extra_secrets=self._key.values())
 
 
+def _close_on(loop: asyncio.AbstractEventLoop, client: Any) -> None:
+    """Close `client` on `loop` (from any thread), unless the loop is gone (its shutdown closed the client)."""
+    async def close() -> None:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed
+        if not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(close(), loop)
+
+
 async def _close_at_loop_end(client: Any) -> AsyncIterator[None]:
     """An async generator whose only job is its `finally`: once started on a loop, the loop's shutdown
     (`asyncio.run` calls `loop.shutdown_asyncgens()` before closing it; PEP 525) finalises it, closing `client`."""
@@ -516,18 +536,24 @@ def _error_code(e: openai.APIStatusError) -> str | None:
     return None
 
 
+IDLE_CONNECTION_EXPIRY_S = 2.0
+"""How long the client keeps an idle connection for reuse: below the shortest idle limit of the servers we call
+(llama.cpp's server, cpp-httplib, closes a kept-alive connection after 5 s; the SDK's default, 5 s, races it), so a
+call never reuses a connection the server is closing. Against a remote API a lapsed connection costs one reconnect."""
+
+
 def _http_client(transport: str, member: PoolMember) -> Any:
-    """The SDK's aiohttp-backed client when asked for (or "auto" and aiohttp is installed), else None
-    (the SDK's default httpx client)."""
+    """The SDK's aiohttp-backed client when asked for (or "auto" and aiohttp is installed), else the SDK's httpx
+    client; either drops idle connections after IDLE_CONNECTION_EXPIRY_S."""
     if transport not in ("auto", "aiohttp", "httpx"):
         raise PoolConfigError(f"pool member {member.name!r}: unknown transport {transport!r}")
-    if transport == "httpx":
-        return None
-    if importlib.util.find_spec("aiohttp") is None:
+    limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100,
+                           keepalive_expiry=IDLE_CONNECTION_EXPIRY_S)
+    if transport == "httpx" or importlib.util.find_spec("aiohttp") is None:
         if transport == "aiohttp":
             raise PoolConfigError(f"pool member {member.name!r}: transport 'aiohttp' needs the aiohttp package")
-        return None
-    return openai.DefaultAioHttpClient(timeout=member.timeout_s)
+        return openai.DefaultAsyncHttpxClient(timeout=member.timeout_s, limits=limits)
+    return openai.DefaultAioHttpClient(timeout=member.timeout_s, limits=limits)
 
 
 def _is_real_timeout(e: BaseException) -> bool:

@@ -6,7 +6,7 @@
 - Identical requests in one batch, or in flight at the same time, share one call.
 - The requests left — never-seen nodes — are handed together to the pool's `Executor`, chosen when the pool is
   built (`build_pool(..., executor=)`): in process (`InProcessExecutor`, the default: HTTP members on the
-  caller's event loop — local models served by llama-server among them —, local models run in process on asyncio
+  pool's HTTP loop — local models served by llama-server among them —, local models run in process on asyncio
   worker threads), or through a Prefect task runner
   (`trinity.evolve.engine.TaskRunnerExecutor`: threads, or Dask worker processes). Whatever runs them,
   responses come back to this process, which alone writes the store (DuckDB: one writer).
@@ -16,9 +16,11 @@
   (a reply, or a deterministic failure) is stored as *the* answer to its request, so a rerun pays for
   nothing twice; an outage (transient failure) is logged but not served: the next run asks again
   (`trinity.store` module doc).
-- Callers on other threads (serving plays each episode on a thread and loop of its own) run their requests on
-  the loop that owns the pool (`Pool.run_on`), and see every reply as it is returned (`Pool.observe`: the
-  reply, and whether the store held it), through the same store lookup.
+- Where the calls run: on the process's HTTP loop (`trinity.pool.http_loop`), a loop on a thread of its own where
+  nothing slow runs, whatever loop or thread asks. The callers' slow work (encoding, grading) then never stalls a
+  connection (a stall over llama-server's 5 s keep-alive timeout killed it) nor a call's measured seconds. Callers
+  see every reply as it is returned (`Pool.observe`: the reply, and whether the store held it), in their own
+  context.
 """
 from __future__ import annotations
 
@@ -34,9 +36,10 @@ from typing import AsyncIterator, Callable, Iterator, NamedTuple, Protocol, Sequ
 
 from trinity.config import PoolMember, PoolSettings
 from trinity.pool.base import ChatModel, ConcurrencyLimits
+from trinity.pool.http_loop import run_on_http_loop
 from trinity.pool.llama_server import with_thread_budget
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
-from trinity.store import Store, response_key
+from trinity.store import REPLAY_ENV, ReplayMiss, Store, replay_only, response_key
 
 
 @dataclass
@@ -197,7 +200,7 @@ class Pool:
         `complete_many` returns is also reported to `on_reply` (the request, the reply, whether the store held
         it), in request order, before `complete_many` returns: serving's per-episode trace and streaming."""
         caller = self._caller.get()
-        token = self._caller.set(_Caller(caller.observers + (on_reply,), caller.loop, caller.tallies))
+        token = self._caller.set(_Caller(caller.observers + (on_reply,), caller.tallies))
         try:
             yield
         finally:
@@ -211,34 +214,19 @@ class Pool:
         Evaluation runs its methods at the same time and accounts each one's calls this way."""
         caller = self._caller.get()
         mine = PoolStats()
-        token = self._caller.set(_Caller(caller.observers, caller.loop, caller.tallies + (mine,)))
+        token = self._caller.set(_Caller(caller.observers, caller.tallies + (mine,)))
         try:
             yield mine
         finally:
             self._caller.reset(token)
 
-    @contextlib.contextmanager
-    def run_on(self, loop: asyncio.AbstractEventLoop) -> Iterator[None]:
-        """Within the block, in this context: requests made from any other event loop run on `loop`, the loop
-        that owns the pool (its HTTP clients, in-flight calls and store writes). Serving plays each episode on a
-        thread and loop of its own (an encode must not hold the server's loop)."""
-        caller = self._caller.get()
-        token = self._caller.set(_Caller(caller.observers, loop, caller.tallies))
-        try:
-            yield
-        finally:
-            self._caller.reset(token)
-
     async def complete_many(self, requests: Sequence[Request | tuple]) -> list[ChatResponse]:
         """Responses to `requests` (in order): stored ones from the store, repeated or in-flight ones shared,
-        and the never-seen rest expanded together by `self.executor`. Runs on the loop of `run_on`, if any;
-        reports every reply to the observers of `observe`."""
+        and the never-seen rest expanded together by `self.executor`. Runs on the process's HTTP loop
+        (`trinity.pool.http_loop`) whatever loop or thread calls it; reports every reply to the observers of
+        `observe`, on the caller's side."""
         caller = self._caller.get()
-        if caller.loop is not None and caller.loop is not asyncio.get_running_loop():
-            out, stored = await asyncio.wrap_future(
-                asyncio.run_coroutine_threadsafe(self._complete_many(requests, caller.tallies), caller.loop))
-        else:
-            out, stored = await self._complete_many(requests, caller.tallies)
+        out, stored = await run_on_http_loop(self._complete_many(requests, caller.tallies))
         for on_reply in caller.observers:
             for r, resp, s in zip(requests, out, stored):
                 on_reply(Request(*r), resp, s)
@@ -283,6 +271,11 @@ class Pool:
 
     async def _expand(self, todo: list[Request], positions: list[list[int]], out: list,
                       tallies: tuple[PoolStats, ...] = ()) -> None:
+        if replay_only():
+            r = todo[0]
+            raise ReplayMiss(f"replay ({REPLAY_ENV}=1): {len(todo)} request(s) not in the store, e.g. "
+                             f"{self.names[r.idx]} as {r.role or 'direct'} (key {r.key[:16]}): the imported segments "
+                             f"do not hold the run being replayed, or the code or settings changed what it asks")
         loop = asyncio.get_running_loop()
         progress = _BatchProgress(len(todo), self.stats)
         futs = []
@@ -326,11 +319,10 @@ class Pool:
 
 @dataclass(frozen=True)
 class _Caller:
-    """What `Pool.observe`, `Pool.run_on` and `Pool.tally` set for a context: its reply observers, the loop its
-    requests run on, the stats its calls are also counted in."""
+    """What `Pool.observe` and `Pool.tally` set for a context: its reply observers, the stats its calls are also
+    counted in."""
 
     observers: tuple[OnReply, ...] = ()
-    loop: asyncio.AbstractEventLoop | None = None
     tallies: tuple[PoolStats, ...] = ()
 
 

@@ -9,7 +9,6 @@ process's (`ConcurrencyLimits`: it holds a request's slots until the reply is ba
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 from trinity.config import PoolMember
 from trinity.pool.base import over_http
+from trinity.pool.http_loop import run_blocking
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 
 
@@ -28,14 +28,13 @@ class ProcessMembers:
 
     A local member run in process calls on the calling task's thread (`LocalChatModel.generate`). A member called
     over HTTP (an OpenAI-compatible endpoint, a local model's llama-server: started by this process) runs on
-    one event loop of this process, on a daemon thread of its own: an async client belongs to one loop, so one
-    loop lets every task thread share the member's client and its per-member limit (a task thread waits for its
+    the process's HTTP loop (`trinity.pool.http_loop`, on a daemon thread of its own): an async client belongs to
+    one loop, so one loop lets every task thread share the member's client and its per-member limit (a task thread waits for its
     call's result)."""
 
     def __init__(self) -> None:
         self._members: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def member(self, settings: PoolMember):
         """The member of `settings` in this process (built now if it is not yet)."""
@@ -58,20 +57,12 @@ class ProcessMembers:
                 self._members[key] = m
             return m
 
-    def _http_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="pool-http-members", daemon=True).start()
-                self._loop = loop
-            return self._loop
-
     def run(self, settings: PoolMember, messages: list[ChatMessage], sampling: SamplingParams) -> ChatResponse:
         """One call of the member of `settings` (blocking); model-side failures come back as a failed response."""
         m = self.member(settings)
         if not over_http(settings):
             return m.generate(messages, sampling)
-        return asyncio.run_coroutine_threadsafe(m.chat(messages, sampling), self._http_loop()).result()
+        return run_blocking(m.chat(messages, sampling))
 
 
 PROCESS_MEMBERS = ProcessMembers()

@@ -17,8 +17,9 @@ bench/serve_load.py all take.
   requests cost no call), the encoder and the store. A repeated conversation replays stored responses and states:
   no pool call, no encoding. Every episode's trace is kept in the store (`trinity.serving.traces`).
   Threads: an episode's loop runs on a thread of its own (the encoder's forward passes would otherwise hold the
-  caller's event loop, e.g. every other request of the server); its pool requests go back to the caller's loop,
-  which alone owns the pool (HTTP clients, in-flight calls, store writes), and encodes take turns on one lock.
+  caller's event loop, e.g. every other request of the server); its pool requests run on the process's HTTP loop
+  (`trinity.pool.http_loop`), which alone owns the pool's calls (HTTP clients, in-flight calls, store writes), and
+  encodes take turns on one lock.
 - `EpisodeResult`: the answer (`roles.latest_answer`), who gave it, the turns with their recorded usage, and its
   outcome: answered, a pool failure (no answer, and a member's call failed: the members and reasons), or no
   answer (the coordinator ended the episode without a successful Worker turn).
@@ -297,8 +298,8 @@ def _ungraded(task: Task, answer: str) -> float:
 
 class Coordinator:
     """A trained coordinator loaded to answer conversations: settings, pool, encoder, store and head, built once
-    and shared by every request. Call `answer` from one event loop: it owns the pool (HTTP clients, in-flight
-    calls, store writes); each episode plays on a thread of its own (module doc)."""
+    and shared by every request. Each episode plays on a thread of its own; the pool's calls run on the process's
+    HTTP loop (module doc)."""
 
     def __init__(self, settings, checkpoint: policy.Policy, store, *, encoder=None, pool=None):
         """`checkpoint`: the trained policy (`policy.Policy.load`), checked against `settings` and the encoder
@@ -396,8 +397,8 @@ class Coordinator:
         ep = Episode(task=task, candidate=0, rng=None)
         states = _SerialStates(self.states, self._states_lock)
 
-        def play() -> None:  # the episode's requests run on `loop`, which owns the pool; its replies are traced
-            with pool.run_on(loop), pool.observe(on_reply):
+        def play() -> None:  # the episode's requests run on the pool's HTTP loop; its replies are traced
+            with pool.observe(on_reply):
                 asyncio.run(play_episodes([ep], [self.head], pool, states, self.settings.coordinator.max_turns,
                                           self.settings.reward, _ungraded, adapters=self.adapters,
                                           roles=allowed_roles(self.settings.coordinator)))
