@@ -52,11 +52,18 @@ def run(project, capsys, monkeypatch):
 def test_help_documents_every_command_and_option(capsys):
     assert cli.main(["--help"]) == 0
     top = capsys.readouterr().out
-    for cmd in ("ask", "trace", "serve", "stage", "report", "export", "check-graders"):
+    for cmd in ("ask", "trace", "serve", "stage", "report", "export", "store", "check-graders"):
         assert cmd in top
     assert "Exit codes" in top and "3 a pool failure" in top
     group = typer.main.get_command(cli.app)
-    assert sorted(group.commands) == ["ask", "check-graders", "export", "report", "serve", "stage", "trace"]
+    assert sorted(group.commands) == ["ask", "check-graders", "export", "report", "serve", "stage", "store", "trace"]
+    store = group.commands.pop("store")
+    assert sorted(store.commands) == ["export", "import"]
+    for name, command in store.commands.items():
+        assert command.help, name
+        assert all(getattr(p, "help", None) for p in command.params if p.param_type_name == "option"), name
+        assert cli.main(["store", name, "--help"]) == 0
+        assert "Usage: trinity store " + name in capsys.readouterr().out
     for name, command in group.commands.items():
         assert command.help, name
         for param in command.params:
