@@ -97,16 +97,19 @@ store-export: setup
 EXP_SHOW := dvc exp show --no-pager --md --drop '.*' \
 	--keep 'Experiment|evolve.method|saved_fitness|best_candidate_fitness|calls_made|trinity.avg_in_distribution|trinity.avg_heldout'
 
-# The `full` profile: the same pipeline as a DVC experiment sized to decide within 2 h on 2 CPU cores after setup
-# (issue 27): 30 in-distribution items per training benchmark and 50 each of GSM8K and HumanEval (held out, never
-# trained on), every method on every item. Evaluation is most of it (~1,700 pool calls at ~3 s each here); training
-# gets what is left: 12 tasks x popsize 8 x 4 generations (the router the same budget). The run's report, results
-# and plots are kept in reports/full_profile/ with run.json (commit, CPU, wall time). It resumes where it stopped
-# (evolve's exact resume and the store), so it may run across several sittings.
-FULL_TRAIN := data.train.math500=4 data.train.mmlu=4 data.train.mbpp=4 \
+# The `full` profile: the same pipeline as a DVC experiment sized to decide (issues 27 and 38): 30 in-distribution
+# items per training benchmark and 50 each of GSM8K and HumanEval (held out, never trained on), every method on every
+# item; training on 40 items per training benchmark (disjoint from every evaluation item), a fresh balanced minibatch
+# of 12 each generation, and selection on a validation slice of 10 per training benchmark (in neither training nor
+# evaluation), the best member alone scored beside it. The run's report, results and plots are kept in
+# reports/full_profile/ with run.json (commit, CPU, wall time). It resumes where it stopped (evolve's exact resume and
+# the store), so it may run across several sittings; `make store-export STORE_EXPORT_DIR=replay/full_profile` ships
+# what it paid for.
+FULL_TRAIN := data.train.math500=40 data.train.mmlu=40 data.train.mbpp=40 \
+	data.validation.math500=10 data.validation.mmlu=10 data.validation.mbpp=10 \
 	data.in_distribution.math500=30 data.in_distribution.mmlu=30 data.in_distribution.mbpp=30 \
 	data.heldout.gsm8k=50 data.heldout.humaneval=50 \
-	evolve.popsize=8 evolve.episodes_per_candidate=12 evolve.generations=4 evolve.saved_fitness_tasks=12
+	evolve.popsize=8 evolve.episodes_per_candidate=12 evolve.generations=4 evolve.saved_fitness_tasks=6
 run-full: setup setup-sandbox
 	@date +%s > $(VENV)/.full_profile_start
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --name full $(foreach p,$(FULL_TRAIN),-S $(p))

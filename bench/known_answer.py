@@ -207,7 +207,7 @@ def score_policy(W: np.ndarray, tasks: Sequence[Task], pool, states, settings, g
     else:
         eps = [Episode(task=t, candidate=0, rng=None) for t in tasks]
     asyncio.run(play_episodes(eps, [W], pool, states, settings.coordinator.max_turns, settings.reward, grade,
-                              trees=trees))
+                              trees=trees, answer_rule=settings.coordinator.answer_rule))
     models: dict[str, int] = dict.fromkeys(pool.names, 0)
     roles: dict[str, int] = {}
     for e in eps:

@@ -81,16 +81,52 @@ def _run(eps, heads, pool, store, max_turns=3, reward=RewardSettings()):
     asyncio.run(play_episodes(eps, heads, pool, StateCache(HashEncoder(), store), max_turns, reward, grade))
 
 
-def test_verifier_first_scores_zero(tmp_path):
+def test_a_verifier_is_not_an_action_before_an_answer(tmp_path):
+    """A head whose argmax is always the Verifier: while there is nothing to verify the Verifier is masked, so the
+    first pick is the head's next role (here the Worker), and no episode ends before an answer."""
     with Store(tmp_path / "s.duckdb") as store:
         pool, models = make_pool(store)
         enc = HashEncoder()
         sign = np.sign(enc.encode([coordinator_text(TASK, ())])[0][0])
+        W = _W(0, 2, sign)
+        W[2 + 1, 0] = 50 * sign  # Worker second choice, Thinker last
         ep = Episode(task=TASK, candidate=0, rng=None)
-        _run([ep], [_W(0, 2, sign)], pool, store)
-        assert ep.verifier_first and ep.done and ep.reward == 0.0 and ep.turns == ()
-        assert sum(m.calls for m in models) == 0
+        _run([ep], [W], pool, store)
+        assert not ep.verifier_first and ep.turns[0].role is Role.WORKER
+        assert [t.role for t in ep.turns] == [Role.WORKER, Role.VERIFIER]  # then the Verifier, which ACCEPTs
+        assert ep.correct == 1.0 and ep.answer is not None
+        # sampled: a Verifier is never drawn first, whatever the draw
+        eps = [Episode(task=TASK, candidate=0, rng=np.random.default_rng(k)) for k in range(20)]
+        _run(eps, [np.zeros((5, 8))], pool, store)
+        assert all(e.picks[0][1] is not Role.VERIFIER for e in eps)
+        assert all(e.answer is not None for e in eps if e.turns and any(t.role is Role.WORKER for t in e.turns))
 
+
+def test_answer_rules():
+    from trinity.coordinator.roles import ANSWER_RULES, Turn, returned_answer
+
+    turns = (Turn("a", W_, "one"), Turn("b", V, "no", verdict="REJECT"), Turn("a", W_, "two"),
+             Turn("b", V, "ok", verdict="ACCEPT"), Turn("a", W_, "three"), Turn("b", V, "no", verdict="REJECT"))
+    assert returned_answer(turns, "latest") == "three"
+    assert returned_answer(turns, "first") == "one"
+    assert returned_answer(turns, "accepted_else_first") == "two"
+    assert returned_answer(turns, "latest_unrejected") == "two"
+    assert returned_answer((Turn("a", W_, "x", ok=False),), "first") is None
+    assert all(returned_answer((), r) is None for r in ANSWER_RULES)
+    with pytest.raises(ValueError, match="answer_rule"):
+        returned_answer(turns, "best")
+
+
+def test_first_answer_rule_ends_the_episode_at_its_first_answer(tmp_path):
+    with Store(tmp_path / "s.duckdb") as store:
+        pool, models = make_pool(store, verdict="REJECT")
+        head = scripted_head([(0, W_), (1, W_), (0, W_)], 2)
+        eps = {rule: Episode(task=TASK, candidate=0, rng=None) for rule in ("first", "latest")}
+        for rule, ep in eps.items():
+            asyncio.run(play_episodes([ep], [head], pool, StateCache(TurnCountEncoder(), store), 3, RewardSettings(),
+                                      grade, answer_rule=rule))
+        assert len(eps["first"].turns) == 1 and len(eps["latest"].turns) == 3
+        assert eps["first"].answer == eps["latest"].turns[0].text
 
 
 T, W_, V = Role.THINKER, Role.WORKER, Role.VERIFIER
@@ -147,15 +183,16 @@ def test_reward_shaping():
     r = shaped_reward(ep, max_turns=5, w=RewardSettings(diversity_weight=0.15, turn_penalty_weight=0.1, cost_weight=0.0))
     assert r == pytest.approx(1.0 + 0.15 * np.log(2) - 0.1 * (1 / 5) / 4)
     assert model_pick_entropy([(0, Role.WORKER)] * 3) == 0.0
+    assert shaped_reward(ep, 5, RewardSettings()) == 1.0  # the default: the paper's binary objective
     ep.cost_usd = 2.0
-    assert shaped_reward(ep, 5, RewardSettings(cost_weight=0.5)) == pytest.approx(r - 1.0)
+    assert shaped_reward(ep, 5, RewardSettings(diversity_weight=0.15, turn_penalty_weight=0.1, cost_weight=0.5)) == pytest.approx(r - 1.0)
     # Local members: cost in thousands of tokens or in recorded seconds, from each turn's recorded usage.
     ep.turns = (Turn("a", Role.WORKER, "x", prompt_tokens=300, completion_tokens=200, latency_s=4.0),
                 Turn("b", Role.VERIFIER, "ACCEPT", verdict="ACCEPT", prompt_tokens=400, completion_tokens=100,
                      latency_s=1.5))
-    assert shaped_reward(ep, 5, RewardSettings(cost_weight=0.5, cost_unit="ktokens")) == pytest.approx(r - 0.5)
-    assert shaped_reward(ep, 5, RewardSettings(cost_weight=0.1, cost_unit="seconds")) == pytest.approx(r - 0.55)
-    assert shaped_reward(ep, 5, RewardSettings(cost_weight=0.0, cost_unit="seconds")) == pytest.approx(r)
+    assert shaped_reward(ep, 5, RewardSettings(diversity_weight=0.15, turn_penalty_weight=0.1, cost_weight=0.5, cost_unit="ktokens")) == pytest.approx(r - 0.5)
+    assert shaped_reward(ep, 5, RewardSettings(diversity_weight=0.15, turn_penalty_weight=0.1, cost_weight=0.1, cost_unit="seconds")) == pytest.approx(r - 0.55)
+    assert shaped_reward(ep, 5, RewardSettings(diversity_weight=0.15, turn_penalty_weight=0.1, cost_weight=0.0, cost_unit="seconds")) == pytest.approx(r)
 
 
 def test_population_shares_calls_and_rerun_is_free(tmp_path):

@@ -40,6 +40,11 @@ class DataSettings(_Section):
     in_distribution: dict[str, int] = Field(default_factory=dict)
     """In-distribution evaluation sources → number of items (-1 = all): items of the training benchmarks that
     are not in the training set (drawn from what training left)."""
+    validation: dict[str, int] = Field(default_factory=dict)
+    """Validation sources → number of items: items of the training benchmarks in neither the training set nor the
+    in-distribution evaluation (drawn from what both left). Evolve scores each generation's mean and best candidate
+    on them and saves the best there, beside the best pool member alone on the same items (empty: no selection,
+    the last mean is saved)."""
     seed: int = 0
     math500_max_level: int = 5
     """Only MATH-500 problems of at most this difficulty level (1-5) are drawn."""
@@ -179,6 +184,11 @@ class CoordinatorSettings(_Section):
     max_encode_tokens: int = 2048
     """Transcripts longer than this keep their last tokens (the head reads the end of the conversation)."""
     policy_eval: Literal["argmax", "sample"] = "argmax"
+    """How evaluation, serving and the validation selection play the head: its argmax picks, or seeded draws."""
+    answer_rule: Literal["latest", "first", "accepted_else_first", "latest_unrejected"] = "first"
+    """Which Worker answer an episode returns (`coordinator.roles.returned_answer`). "first": chosen by regrading
+    stored episodes under every rule (scripts/answer_rule.py, reports/answer_rule.md). Under "first" an episode ends
+    at its first answer: no later turn could change what it returns."""
     thinker_max_tokens: int = 160
     verifier_max_tokens: int = 48
     """Role caps on a member's max_tokens: a suggestion or a verdict needs far fewer tokens than a solution."""
@@ -202,8 +212,11 @@ class CoordinatorSettings(_Section):
 
 
 class RewardSettings(_Section):
-    diversity_weight: float = 0.15
-    turn_penalty_weight: float = 0.1
+    """The episode's reward: the returned answer's grade (the paper's binary objective: every weight below 0, the
+    default), plus a bonus for spreading turns across members, minus a turn penalty and a cost term. The bonus pays
+    for spreading right or wrong; leave it off unless validation shows it helps."""
+    diversity_weight: float = 0.0
+    turn_penalty_weight: float = 0.0
     cost_weight: float = 0.0
     """Reward −= cost_weight x the episode's cost in `cost_unit` (0 in the paper)."""
     cost_unit: Literal["usd", "ktokens", "seconds"] = "usd"
@@ -241,6 +254,10 @@ class EvolveSettings(_Section):
     32 x 2 samples = 64 episodes per generation, ~12 % of the paper's 33 x 16 population episodes."""
     saved_fitness_samples: int = 2
     """Seeded sampled episodes per scoring task (the same episodes every generation)."""
+    warm_start: Literal["none", "best_member"] = "none"
+    """Where the optimiser starts: "none" = the zero head (uniform picks); "best_member" = a head whose argmax
+    policy is the best pool member on validation, as Worker (`trinity.evolve.validation.warm_start_head`; needs
+    data.validation)."""
     task_runner: Literal["threads", "dask"] = "threads"
     """Where never-seen nodes are expanded (the pool calls of one turn across the whole population) when
     the run is orchestrated by Prefect: its ThreadPoolTaskRunner, or prefect-dask's DaskTaskRunner on a

@@ -7,11 +7,15 @@ Many episodes (a whole CMA-ES population x a minibatch of tasks) are played toge
              one batch; with SVF each candidate's transcripts under its own adapter);
 2. pick    — the head's model and role distributions (z = W h: one matrix product per candidate), and the
              (model, role) drawn from them with the episode's own generator (`Generator.choice`, model first,
-             then role) or their argmax; a Thinker's suggested role overrides the drawn role;
+             then role) or their argmax; a Thinker's suggested role overrides the drawn role. A Verifier is
+             not an available action while there is no answer to verify (masked like a role the coordinator
+             may not pick): no episode can end before an answer;
 3. call    — every request of the turn in one `pool.complete_many` (stored or shared requests cost no call);
-4. parse   — each reply becomes a `Turn` (`roles.turn_of`); an ACCEPT or `max_turns` ends the episode;
-5. grade   — the episode's answer (`roles.latest_answer`), once it has ended;
-6. reward  — `shaped_reward`: correctness + diversity bonus − turn penalty − cost.
+4. parse   — each reply becomes a `Turn` (`roles.turn_of`); an ACCEPT or `max_turns` ends the episode (and, under
+             the answer rule "first", the first answer: nothing after it could change what is returned);
+5. grade   — the episode's answer (`roles.returned_answer` under `coordinator.answer_rule`), once it has ended;
+6. reward  — `shaped_reward`: correctness (the paper's binary objective, the default) + the optional diversity
+             bonus − turn penalty − cost (`reward.*`, all 0 by default).
 
 Memoisation is a layer under the loop, not part of it: `RolloutTrees` remembers, for the whole run, each
 request's messages and store key and each answer's grade (a population walks the same rollout tree of every
@@ -35,8 +39,8 @@ import numpy as np
 
 from trinity.config import RewardSettings
 from trinity.coordinator.head import softmax
-from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, forced_role, latest_answer,
-                                      role_messages, turn_of)
+from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, forced_role,
+                                      is_answer, latest_answer, returned_answer, role_messages, turn_of)
 from trinity.pool.runtime import Request
 from trinity.records import Task, stable_hash
 from trinity.store import REPLAY_ENV, ReplayMiss, Store, replay_only, text_key
@@ -150,7 +154,12 @@ class Episode:
     turns: tuple[Turn, ...] = ()
     picks: list[tuple[int, Role]] = field(default_factory=list)
     forced_role: Role | None = None
+    answer_rule: str = "latest"
+    """Which Worker answer the episode returns (`roles.returned_answer`); `play_episodes` sets it from its caller's
+    `coordinator.answer_rule`."""
     verifier_first: bool = False
+    """A Verifier was picked before any answer. Never, since a Verifier is masked until there is an answer; kept in
+    the records (data/eval/episodes.jsonl) so that runs before that rule still read."""
     done: bool = False
     cost_usd: float = 0.0
     correct: float = 0.0
@@ -163,12 +172,15 @@ class Episode:
     """With keep_features: the hidden state each pick was made from (for policy gradients)."""
     forced: list[bool] = field(default_factory=list, repr=False)
     """With keep_features: whether each pick's role was the Thinker's override (not the head's draw)."""
+    role_allowed: list[np.ndarray] = field(default_factory=list, repr=False)
+    """With keep_features: the roles each pick could draw (a boolean per `ROLES`; the policy's role distribution is
+    the softmax over these)."""
 
     @property
     def answer(self) -> str | None:
-        """The episode's answer (`roles.latest_answer`): what was graded, and what is exported and printed.
-        None when no Worker succeeded, or when a Verifier spoke before any answer (the episode scores 0)."""
-        return None if self.verifier_first else latest_answer(self.turns)
+        """The episode's answer (`roles.returned_answer` under `answer_rule`): what was graded, and what is exported
+        and printed. None when no Worker succeeded (the episode scores 0)."""
+        return returned_answer(self.turns, self.answer_rule)
 
     @property
     def path(self) -> list[list[str]]:
@@ -212,12 +224,10 @@ def episode_cost(ep: Episode, unit: str) -> float:
 
 
 def shaped_reward(ep: Episode, max_turns: int, w: RewardSettings) -> float | None:
-    """Correctness + diversity bonus − turn penalty − cost (DESIGN.md); a Verifier before any answer → 0; an
-    episode hit by an outage → None (no reward at all: not a sample)."""
+    """Correctness + diversity bonus − turn penalty − cost (DESIGN.md; the paper's objective is correctness alone,
+    the default: every weight 0); an episode hit by an outage → None (no reward at all: not a sample)."""
     if ep.outage:
         return None
-    if ep.verifier_first:
-        return 0.0
     n_turns = len(ep.turns)
     return (ep.correct + w.diversity_weight * model_pick_entropy(ep.picks)
             - w.turn_penalty_weight * ((max(n_turns, 1) - 1) / max_turns) / 4
@@ -279,7 +289,7 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
                         max_turns: int, reward: RewardSettings, grade: Callable[[Task, str], float], *,
                         adapters: Sequence[np.ndarray] | None = None, trees: RolloutTrees | None = None,
                         keep_features: bool = False, stop_on_outage: bool = False,
-                        roles: Sequence[Role] = ROLES) -> None:
+                        roles: Sequence[Role] = ROLES, answer_rule: str = "latest") -> None:
     """Play every episode to the end, in place. `heads[c]` is the (L+3) x d matrix of candidate c.
 
     adapters: SVF scales per candidate (`adapters[c]`); each candidate's transcripts are then encoded with
@@ -289,14 +299,20 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
     stop_on_outage: end an episode at its first outage (the training loops: the episode cannot count, so no
         further call is paid for it). Either way an outage marks the episode (`outage`, reward None).
     roles: the roles the head may pick (`coordinator.roles`); the others get probability 0 (a Thinker's suggestion
-        of one is ignored). All three: the paper's coordinator; Worker alone with one turn: the learned router.
+        of one is ignored). All three: the paper's coordinator; Worker alone with one turn: the learned router. A
+        Verifier is also masked while an episode has no answer (nothing to verify), so Worker must be among them.
+    answer_rule: which Worker answer each episode returns (`roles.returned_answer`); the stages pass
+        `coordinator.answer_rule`.
     """
     n_models = len(pool)
     allowed = np.array([r in roles for r in ROLES])
-    if not allowed.any():
-        raise ValueError("play_episodes: no role to pick (roles is empty)")
+    if Role.WORKER not in roles:
+        raise ValueError(f"play_episodes: roles {[r.value for r in roles]} lack worker: no episode could answer")
+    verifier = ROLES.index(Role.VERIFIER)
     memo = RolloutTrees() if trees is None else trees
     memo.bind(pool)
+    for e in episodes:
+        e.answer_rule = answer_rule
     active = [e for e in episodes if not e.done]
     while active:
         by_candidate: dict[int, list[int]] = {}
@@ -318,8 +334,9 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
         Z = np.empty((len(active), n_models + 3))
         for c, ix in by_candidate.items():
             Z[ix] = H64[ix] @ np.asarray(heads[c], dtype=np.float64).T
-        Z_role = Z[:, n_models:] if allowed.all() else np.where(allowed, Z[:, n_models:], -np.inf)
-        P_model, P_role = softmax(Z[:, :n_models]), softmax(Z_role)
+        role_allowed = np.tile(allowed, (len(active), 1))
+        role_allowed[[latest_answer(e.turns) is None for e in active], verifier] = False  # nothing to verify yet
+        P_model, P_role = softmax(Z[:, :n_models]), softmax(np.where(role_allowed, Z[:, n_models:], -np.inf))
         requests, asked = [], []
         for i, e in enumerate(active):
             m, r = pick(e.rng, P_model[i], P_role[i])
@@ -333,10 +350,7 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
             if keep_features:
                 e.features.append(H[i])
                 e.forced.append(forced)
-            if role is Role.VERIFIER and latest_answer(e.turns) is None:  # nothing to verify: the episode scores 0
-                e.verifier_first = True
-                e.done = True
-                continue
+                e.role_allowed.append(role_allowed[i])
             requests.append(memo.request(pool, e.task, e.turns, m, role))
             asked.append((e, m, role))
 
@@ -355,7 +369,8 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
                     continue
             if turn.role is Role.THINKER:
                 e.forced_role = forced_role(turn, latest_answer(e.turns))
-            if (turn.role is Role.VERIFIER and turn.verdict == "ACCEPT") or len(e.turns) >= max_turns:
+            if ((turn.role is Role.VERIFIER and turn.verdict == "ACCEPT") or len(e.turns) >= max_turns
+                    or (answer_rule == "first" and is_answer(turn))):  # no later turn could change the answer
                 e.done = True
         active = [e for e in active if not e.done]
 

@@ -106,6 +106,45 @@ def latest_answer(turns: tuple[Turn, ...]) -> str | None:
     return None
 
 
+ANSWER_RULES: tuple[str, ...] = ("latest", "first", "accepted_else_first", "latest_unrejected")
+"""Which Worker answer an episode returns (`returned_answer`; `coordinator.answer_rule`). Chosen by regrading
+stored episodes every way at no call (scripts/answer_rule.py, reports/answer_rule.md)."""
+
+
+def returned_answer(turns: tuple[Turn, ...], rule: str = "latest") -> str | None:
+    """The answer an episode returns (what is graded, exported, served), by `rule`:
+
+    latest               the latest successful Worker reply (`latest_answer`: also what later roles are shown);
+    first                the first one: a later turn never overwrites it;
+    accepted_else_first  the answer a Verifier ACCEPTed (the latest answer when the verdict came), else the first;
+    latest_unrejected    the latest answer no Verifier REJECTed, else the latest.
+    None when no Worker succeeded.
+    """
+    answers: list[str] = []
+    accepted: str | None = None
+    rejected: set[int] = set()
+    for t in turns:
+        if is_answer(t):
+            answers.append(t.text)
+        elif t.role is Role.VERIFIER and t.ok and answers:
+            if t.verdict == "ACCEPT":
+                accepted = answers[-1]
+            elif t.verdict == "REJECT":
+                rejected.add(len(answers) - 1)
+    if not answers:
+        return None
+    if rule == "latest":
+        return answers[-1]
+    if rule == "first":
+        return answers[0]
+    if rule == "accepted_else_first":
+        return accepted if accepted is not None else answers[0]
+    if rule == "latest_unrejected":
+        kept = [a for i, a in enumerate(answers) if i not in rejected]
+        return kept[-1] if kept else answers[-1]
+    raise ValueError(f"coordinator.answer_rule {rule!r}: expected one of {', '.join(ANSWER_RULES)}")
+
+
 def forced_role(turn: Turn, answer: str | None) -> Role | None:
     """The role `turn` forces on the next pick: a Thinker's suggested role, except a Verifier while there is no
     answer (`answer`: the latest answer after `turn`) — then nothing is forced and the head's pick stands."""

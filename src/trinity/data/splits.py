@@ -25,7 +25,8 @@ HELDOUT_SOURCES = frozenset({"aime", "bigcodebench", "bigcodebench_hard", "mt_be
 # "<name>:<value>" in a split spec sets this loader keyword; e.g. "gsm8k:train", "mmlu:val", "gpqa:main".
 _VARIANT_KW = {"gsm8k": "split", "mmlu": "split", "mbpp": "split", "gpqa": "subset", "livecodebench": "subset"}
 # Defaults when the spec names no variant: train on GSM8K's train split, evaluate on its test split.
-_ROLE_DEFAULTS = {"train": {"gsm8k": "train"}, "heldout": {"gsm8k": "test"}, "in_distribution": {"gsm8k": "test"}}
+_ROLE_DEFAULTS = {"train": {"gsm8k": "train"}, "heldout": {"gsm8k": "test"}, "in_distribution": {"gsm8k": "test"},
+                  "validation": {"gsm8k": "train"}}
 
 
 class ContaminationError(ValueError):
@@ -75,6 +76,9 @@ class Splits(NamedTuple):
     """Evaluation items of the training benchmarks that training did not draw."""
     heldout: list[Task]
     """Evaluation items of benchmarks never trained on."""
+    validation: list[Task] = []
+    """Items of the training benchmarks in neither training nor the in-distribution evaluation: what evolve selects
+    the saved coordinator on (never an evaluation item)."""
 
 
 def build_splits(
@@ -97,6 +101,7 @@ def build_all_splits(
     seed: int,
     math500_max_level: int = 5,
     user_benchmarks: Mapping[str, PathLike] | None = None,
+    validation: dict[str, int] | None = None,
 ) -> Splits:
     """Load each named benchmark from `root` and draw the requested number of tasks from each (-1 = all).
 
@@ -104,7 +109,8 @@ def build_all_splits(
     for training and its test split for evaluation). Each source is drawn with its own seed derived from
     (`seed`, key), so adding a source does not reshuffle the others. In-distribution items are drawn from what
     training left of the same benchmark (never a training item, by id or prompt text); a held-out benchmark
-    may not be named there. MATH-500 is limited to problems of level ≤ `math500_max_level`; GPQA's option
+    may not be named there. Validation items (`validation`, e.g. {"math500": 10}) are drawn from what training and the
+    in-distribution evaluation left of a training benchmark (never an item of either). MATH-500 is limited to problems of level ≤ `math500_max_level`; GPQA's option
     shuffle uses `seed` too. `user_benchmarks`: your own benchmarks, name → JSONL file (`loaders.user`), named in
     the specs like staged ones; one named under `heldout` is held out as a whole, like the mission's held-out
     benchmarks: never trained on, never drawn in-distribution. Raises ContaminationError if the result
@@ -123,7 +129,7 @@ def build_all_splits(
         excluded_texts = {x for t in exclude for x in _texts(t)}
         for key, n in spec.items():
             name, kw = _parse_key(key, role, user)
-            if role == "in_distribution" and (name in HELDOUT_SOURCES or name in heldout_names):
+            if role in ("in_distribution", "validation") and (name in HELDOUT_SOURCES or name in heldout_names):
                 raise ValueError(f"data.{role}.{key}: {name} is a held-out benchmark (never trained on); "
                                  "list it under data.heldout")
             if name == "math500":
@@ -134,7 +140,7 @@ def build_all_splits(
             if ck not in cache:
                 cache[ck] = load_user_benchmark(user[name], name) if name in user else BENCHMARKS[name](root, **kw)
             pool = [t for t in cache[ck] if t.id not in excluded_ids and not (_texts(t) & excluded_texts)]
-            draw_seed = stable_int(f"{key}:{seed}" if role != "in_distribution" else f"{key}:{seed}:in_distribution")
+            draw_seed = stable_int(f"{key}:{seed}" if role in ("train", "heldout") else f"{key}:{seed}:{role}")
             if role == "train" and any(t.grader == "judge" for t in pool):
                 raise ValueError(f"data.train.{key}: {name} is judged (open questions, scored 1-10 by the MT-Bench "
                                  "judge); the training reward needs items graded right or wrong: list it under "
@@ -151,15 +157,21 @@ def build_all_splits(
     train_tasks = draw(train, "train")
     in_dist_tasks = draw(in_distribution, "in_distribution", exclude=train_tasks)
     heldout_tasks = draw(heldout, "heldout")
-    assert_no_contamination(train_tasks, [*in_dist_tasks, *heldout_tasks], HELDOUT_SOURCES | heldout_names)
-    return Splits(train_tasks, in_dist_tasks, heldout_tasks)
+    for key in validation or {}:
+        if _parse_key(key, "validation", user)[0] not in {_parse_key(k, "train", user)[0] for k in train}:
+            raise ValueError(f"data.validation.{key}: not a training benchmark (data.train: {sorted(train)}); "
+                             "validation selects on the benchmarks training draws from")
+    val_tasks = draw(validation or {}, "validation", exclude=[*train_tasks, *in_dist_tasks])
+    assert_no_contamination(train_tasks, [*in_dist_tasks, *heldout_tasks, *val_tasks], HELDOUT_SOURCES | heldout_names)
+    assert_no_contamination(val_tasks, [*in_dist_tasks, *heldout_tasks], HELDOUT_SOURCES | heldout_names)
+    return Splits(train_tasks, in_dist_tasks, heldout_tasks, val_tasks)
 
 
 def splits_from_settings(data, **override) -> Splits:
     """`build_all_splits` with params.yaml's `data` section (a `config.DataSettings`): its benchmark root, specs,
     seed, MATH-500 level cap and your own benchmarks; any argument can be overridden by keyword."""
     kw = dict(root=data.resolved_root(), train=data.train, in_distribution=data.in_distribution,
-              heldout=data.heldout, seed=data.seed, math500_max_level=data.math500_max_level,
+              heldout=data.heldout, validation=data.validation, seed=data.seed, math500_max_level=data.math500_max_level,
               user_benchmarks=data.resolved_user_benchmarks())
     return build_all_splits(**(kw | override))
 

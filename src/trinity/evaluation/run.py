@@ -192,6 +192,7 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[T
         eps = [Episode(task=t, candidate=0, rng=rng_of(t)) for t in ts]
         await play_episodes(eps, [head], pool, reads, who.coordinator.max_turns, settings.reward, _no_grade,
                             adapters=adapted, trees=trees, roles=allowed_roles(who.coordinator),
+                            answer_rule=who.coordinator.answer_rule,
                             stop_on_outage=True)  # an outage leaves the item unscored: no more calls
         return [Transcript(e.answer, e.turns, e.path, e.verifier_first, e.cost_usd) for e in eps]
 

@@ -34,7 +34,8 @@ _ROLE_INDEX = {r: i for i, r in enumerate(ROLES)}
 def policy_gradient(shape: HeadShape, theta: np.ndarray, episodes: Sequence[Episode]) -> np.ndarray:
     """REINFORCE estimate of ∇θ E[reward] (flat, like θ) from episodes played with keep_features=True.
 
-    ∇ log π(m | h) = (onehot(m) − softmax(z_model)) ⊗ h for the model rows of W, likewise for the role rows;
+    ∇ log π(m | h) = (onehot(m) − softmax(z_model)) ⊗ h for the model rows of W, likewise for the role rows (the
+    softmax over the roles the pick could draw: `Episode.role_allowed`);
     summed over an episode's picks and weighted by its advantage (reward − leave-one-out mean of its task),
     averaged over episodes. Episodes hit by an outage (no reward: not samples) are left out.
     """
@@ -45,7 +46,7 @@ def policy_gradient(shape: HeadShape, theta: np.ndarray, episodes: Sequence[Epis
     for e in episodes:
         by_task.setdefault(e.task.id, []).append(e.reward)
     totals = {k: (sum(v), len(v)) for k, v in by_task.items()}
-    rows_h, rows_m, rows_r, rows_free, rows_adv = [], [], [], [], []
+    rows_h, rows_m, rows_r, rows_free, rows_adv, rows_allowed = [], [], [], [], [], []
     for e in episodes:
         if e.rng is None:
             raise ValueError("REINFORCE needs sampled episodes (an argmax episode has no score function)")
@@ -53,7 +54,9 @@ def policy_gradient(shape: HeadShape, theta: np.ndarray, episodes: Sequence[Epis
             raise ValueError("episodes must be played with keep_features=True for a policy gradient")
         s, k = totals[e.task.id]
         adv = e.reward - ((s - e.reward) / (k - 1) if k > 1 else 0.0)
-        for (m, role), h, forced in zip(e.picks, e.features, e.forced):
+        allowed = e.role_allowed or [np.ones(len(ROLES), dtype=bool)] * len(e.picks)
+        for (m, role), h, forced, ok in zip(e.picks, e.features, e.forced, allowed):
+            rows_allowed.append(ok)
             rows_h.append(h)
             rows_m.append(m)
             rows_r.append(_ROLE_INDEX[role])
@@ -67,7 +70,7 @@ def policy_gradient(shape: HeadShape, theta: np.ndarray, episodes: Sequence[Epis
     Z = H @ W.T
     gm = -softmax(Z[:, :L])
     gm[np.arange(len(H)), rows_m] += 1.0
-    gr = -softmax(Z[:, L:])
+    gr = -softmax(np.where(np.asarray(rows_allowed), Z[:, L:], -np.inf))  # over the roles each pick could draw
     gr[np.arange(len(H)), rows_r] += 1.0
     gr *= np.asarray(rows_free, dtype=np.float64)[:, None]
     grad[:L] = (gm * adv[:, None]).T @ H
@@ -97,7 +100,7 @@ class Reinforce(_PlainStateOptimizer):
     _answer = "theta"
 
     def __init__(self, layout: ParamLayout, popsize: int, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8):
+                 eps: float = 1e-8, x0: np.ndarray | None = None):
         if layout.n_svf:
             raise NotImplementedError(
                 "REINFORCE trains the head only: a score-function gradient with respect to SVF scales would need "
@@ -105,7 +108,7 @@ class Reinforce(_PlainStateOptimizer):
         self.shape = layout.head
         self.popsize = popsize
         self.lr, self.betas, self.eps = lr, betas, eps
-        self.theta = np.zeros(layout.n_params)
+        self.theta = np.zeros(layout.n_params) if x0 is None else np.array(x0, dtype=np.float64)
         self._m = np.zeros_like(self.theta)
         self._v = np.zeros_like(self.theta)
         self.t = 0
@@ -137,11 +140,11 @@ class RandomSearch(_PlainStateOptimizer):
     needs_features = False
     _answer = "best"
 
-    def __init__(self, n: int, popsize: int, sigma: float, seed: int):
+    def __init__(self, n: int, popsize: int, sigma: float, seed: int, x0: np.ndarray | None = None):
         if popsize < 2:
             raise ValueError("random search needs popsize >= 2 (the incumbent plus at least one perturbation)")
         self.n, self.popsize, self._sigma, self.seed = n, popsize, sigma, seed
-        self.best = np.zeros(n)
+        self.best = np.zeros(n) if x0 is None else np.array(x0, dtype=np.float64)
         self.best_fitness = -np.inf
         self.generation = 0
 

@@ -54,10 +54,21 @@ def default_popsize(n_params: int) -> int:
 
 
 def minibatch(tasks: Sequence[Task], n: int, seed: int, generation: int) -> list[Task]:
-    """Tasks for one generation, drawn without replacement by a generator fixed by (seed, generation)."""
+    """Tasks for one generation, drawn without replacement by a generator fixed by (seed, generation): a fresh draw
+    each generation, balanced across the training benchmarks (each gets n // k, the first n % k of a seeded order one
+    more; a benchmark with fewer items gives all it has and the rest go to the others)."""
     rng = np.random.default_rng([seed, 7919, generation])
-    idx = rng.permutation(len(tasks))[: min(n, len(tasks))]
-    return [tasks[i] for i in sorted(idx)]
+    by_source: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        by_source.setdefault(t.source, []).append(i)
+    queues = {s: [ix[j] for j in rng.permutation(len(ix))] for s, ix in sorted(by_source.items())}
+    order = [sorted(queues)[j] for j in rng.permutation(len(queues))]
+    chosen: list[int] = []
+    while len(chosen) < min(n, len(tasks)):
+        for s in order:  # round robin over the benchmarks, in a seeded order
+            if queues[s] and len(chosen) < n:
+                chosen.append(queues[s].pop(0))
+    return [tasks[i] for i in sorted(chosen)]
 
 
 def param_layout(settings: Settings, n_models: int, states: StateCache) -> ParamLayout:
@@ -98,12 +109,12 @@ class Optimizer(Protocol):
 
 
 class SepCMA:
-    """sep-CMA-ES: pycma with `CMA_diagonal: True`, x0 = 0, minimising −fitness."""
+    """sep-CMA-ES: pycma with `CMA_diagonal: True`, x0 = 0 (or a warm start's vector), minimising −fitness."""
 
     method = "sep_cma"
     needs_features = False
 
-    def __init__(self, n: int, sigma0: float, popsize: int, seed: int):
+    def __init__(self, n: int, sigma0: float, popsize: int, seed: int, x0: np.ndarray | None = None):
         import cma
 
         # pycma treats seed 0 as "random": offset so every evolve.seed is reproducible. pycma samples with
@@ -116,7 +127,7 @@ class SepCMA:
         outside = np.random.get_state()
         self._rs = np.random.RandomState(seed + 1)
         try:
-            self.es = cma.CMAEvolutionStrategy(np.zeros(n), sigma0, {
+            self.es = cma.CMAEvolutionStrategy(np.zeros(n) if x0 is None else np.array(x0, dtype=np.float64), sigma0, {
                 "CMA_diagonal": True, "seed": seed + 1, "popsize": popsize, "verbose": -9, "randn": self._rs.randn,
                 "tolx": 0, "tolfun": 0, "tolflatfitness": 10**9, "tolstagnation": 10**9, "maxiter": 10**9})
             self._np_global_rng = np.random.get_state()
@@ -152,17 +163,18 @@ class SepCMA:
         pass  # both random streams travel inside the pickle (see __init__)
 
 
-def make_optimizer(settings: Settings, layout: ParamLayout) -> Optimizer:
+def make_optimizer(settings: Settings, layout: ParamLayout, x0: np.ndarray | None = None) -> Optimizer:
+    """The optimiser of `evolve.method`, started at `x0` (None: the zero vector, uniform picks)."""
     ev = settings.evolve
     popsize = ev.popsize or default_popsize(layout.n_params)
     if ev.method == "sep_cma":
-        return SepCMA(layout.n_params, ev.sigma0, popsize, ev.seed)
+        return SepCMA(layout.n_params, ev.sigma0, popsize, ev.seed, x0=x0)
     from trinity.evolve import baselines
 
     if ev.method == "reinforce":
-        return baselines.Reinforce(layout, popsize, lr=ev.reinforce_lr)
+        return baselines.Reinforce(layout, popsize, lr=ev.reinforce_lr, x0=x0)
     if ev.method == "random_search":
-        return baselines.RandomSearch(layout.n_params, popsize, sigma=ev.sigma0, seed=ev.seed)
+        return baselines.RandomSearch(layout.n_params, popsize, sigma=ev.sigma0, seed=ev.seed, x0=x0)
     raise ValueError(f"unknown evolve.method {ev.method!r}; expected one of {METHODS}")
 
 
@@ -201,11 +213,24 @@ class GenerationRecord:
     """Candidates' episodes replayed because of an outage (a replay that answered counts like any episode)."""
     saved_outage_episodes: int = 0
     """Scoring episodes of the saved vector left out of `saved_fitness` / `saved_accuracy` for an outage."""
+    validation_mean: float | None = None
+    """The optimiser's answer (CMA's mean) after this generation, on the validation items (`trinity.evolve.validation`;
+    None without a validation slice)."""
+    validation_best_candidate: float | None = None
+    """This generation's best sampled candidate (by minibatch fitness) on the validation items."""
+    validation_selected: float | None = None
+    """The best validation score so far (the start included): that of the vector the run would save now."""
+    validation_no_answer: float | None = None
+    """Share of validation items the mean's episodes returned no answer on."""
+    validation_best_member: float | None = None
+    """The best pool member alone on the validation items (the same every generation: the line to beat)."""
 
 
 @dataclass
 class EvolutionResult:
-    params: np.ndarray  # the optimiser's answer after the last generation (CMA: the mean, robust to noise)
+    params: np.ndarray
+    """The vector the run saves: with a validation slice, the best there of the start and every generation's mean
+    and best candidate (`selection`); without one, the optimiser's answer after the last generation (CMA's mean)."""
     saved_fitness: float | None
     """`params`' own fitness on the fixed scoring episodes (None when no generation was played)."""
     best_candidate_params: np.ndarray
@@ -221,6 +246,10 @@ class EvolutionResult:
     features: object = None
     """The feature map the head was trained on (`coordinator.features.FeatureMap`; None = raw states): saved
     with the checkpoint, applied wherever the head is used."""
+    selection: dict | None = None
+    """With a validation slice: what was selected and the line it must beat — items, the start's score, the selected
+    vector's score and where it came from, each member alone, the best member, and whether the coordinator beats it
+    (strictly). None without one."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -239,6 +268,13 @@ class RunState:
     best_fitness: float = -np.inf
     """The best sampled candidate so far, by its (noisy) minibatch fitness: kept for inspection."""
     best_params: np.ndarray | None = None
+    selected_params: np.ndarray | None = None
+    """With a validation slice: the best vector there so far (the start, then each generation's mean and best
+    candidate; a tie keeps the earlier) — what the run saves."""
+    selected_validation: float = -np.inf
+    selected_from: str = ""
+    """Where the selected vector came from: "start", "generation g mean" or "generation g best candidate"."""
+    start_validation: float | None = None
 
 
 def load_run_state(path: Path) -> RunState | None:
@@ -264,9 +300,12 @@ def _atomic_pickle(obj, path: Path) -> None:
 
 def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, grade: Callable[[Task, str], float],
            resume_path: Path | None = None, on_generation: Callable[[GenerationRecord], None] | None = None,
-           run_id: str = "evolve", store=None, trees: RolloutTrees | None = None) -> EvolutionResult:
+           run_id: str = "evolve", store=None, trees: RolloutTrees | None = None,
+           validation: Sequence[Task] = ()) -> EvolutionResult:
     """Train the coordinator with `settings.evolve.method` (see module doc). `trees`: the memoised rollout
-    trees to walk (kept across calls to share them, e.g. between the methods of an ablation)."""
+    trees to walk (kept across calls to share them, e.g. between the methods of an ablation). `validation`: the
+    items the saved vector is selected on (`trinity.evolve.validation`; empty: the last mean is saved)."""
+    from trinity.evolve import validation as val
     ev = settings.evolve
     # What the head reads: raw states (the paper) or standardised by these training tasks' root states. Set on
     # `states`, so every episode below (and the caller's later use of `states`) reads the same features.
@@ -274,7 +313,16 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
     layout = param_layout(settings, len(pool), states)
     n = layout.n_params
     trees = RolloutTrees() if trees is None else trees
-    fingerprint = run_fingerprint(settings, layout, train, getattr(states.encoder, "base_id", None))
+    fingerprint = run_fingerprint(settings, layout, train, getattr(states.encoder, "base_id", None),
+                                  validation=validation)
+    validation = list(validation)
+    members = val.score_members(validation, pool, grade, trees) if validation else {}
+    x0 = None
+    if ev.warm_start == "best_member":
+        if not validation:
+            raise ValueError("evolve.warm_start: best_member starts from the best member on validation, and "
+                             "data.validation is empty: name some validation items (e.g. data.validation.math500: 10)")
+        x0 = val.warm_start_head(layout, pool.names.index(val.best_member(members)), states, train)
     scoring = saved_fitness_episodes(settings, train)
     state = load_run_state(resume_path) if resume_path is not None else None
     if state is not None and (state.fingerprint != fingerprint or state.generation > ev.generations):
@@ -282,8 +330,21 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
     if state is not None:
         state.optimizer.resume()  # same run, possibly asked for more generations: carry on
     else:
-        state = RunState(fingerprint=fingerprint, optimizer=make_optimizer(settings, layout), best_params=np.zeros(n))
+        state = RunState(fingerprint=fingerprint, optimizer=make_optimizer(settings, layout, x0),
+                         best_params=np.zeros(n))
     opt: Optimizer = state.optimizer
+
+    def on_validation(params: np.ndarray, what: str):
+        s = val.score_policy(params, layout, validation, settings, pool, states, grade, trees)
+        if np.isnan(s.accuracy):
+            raise OutageError(f"scoring {what} on validation: every one of its {len(validation)} items hit an outage. "
+                              "Nothing of this generation is checkpointed; a rerun asks only the failed calls again")
+        return s
+
+    if validation and state.selected_params is None:  # the starting point is a candidate for saving too
+        s0 = on_validation(opt.params, "the start")
+        state = replace(state, selected_params=opt.params, selected_validation=s0.accuracy, selected_from="start",
+                        start_validation=s0.accuracy)
     resumed_from = state.generation
     if resumed_from:
         print(f"[evolve:{opt.method}] resuming run {fingerprint[:12]} at generation {resumed_from} of {ev.generations}",
@@ -319,6 +380,14 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
         if fitness[b] > state.best_fitness:
             best = {"best_fitness": float(fitness[b]), "best_params": np.array(X[b])}
         saved = score_params(opt.params, layout, scoring, settings, pool, states, grade, trees)
+        v_mean = v_best = None
+        if validation:
+            v_mean = on_validation(opt.params, f"generation {g}'s mean")
+            v_best = on_validation(np.asarray(X[b], dtype=np.float64), f"generation {g}'s best candidate")
+            for what, vec, s in (("mean", opt.params, v_mean), ("best candidate", X[b], v_best)):
+                if s.accuracy > best.get("selected_validation", state.selected_validation):
+                    best |= {"selected_params": np.array(vec, dtype=np.float64), "selected_validation": s.accuracy,
+                             "selected_from": f"generation {g} {what}"}
         names = pool.names
         models = dict.fromkeys(names, 0)
         roles = dict.fromkeys((r.value for r in ROLES), 0)
@@ -337,17 +406,32 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
             wall_s=time.perf_counter() - t0, method=opt.method, episodes=len(episodes),
             calls_per_episode=calls / len(episodes), model_entropy=entropy_of_counts(list(models.values())),
             saved_fitness=saved[0], saved_accuracy=saved[1], outage_episodes=len(episodes) - len(clean),
-            outage_replays=replayed, saved_outage_episodes=saved[2])
+            outage_replays=replayed, saved_outage_episodes=saved[2],
+            validation_mean=None if v_mean is None else v_mean.accuracy,
+            validation_best_candidate=None if v_best is None else v_best.accuracy,
+            validation_selected=best.get("selected_validation", state.selected_validation) if validation else None,
+            validation_no_answer=None if v_mean is None else v_mean.no_answer,
+            validation_best_member=members[val.best_member(members)].accuracy if validation else None)
         state = replace(state, generation=g + 1, history=state.history + (rec,), **best)
         if resume_path is not None:
             _atomic_pickle(state, resume_path)
         if on_generation is not None:
             on_generation(rec)
     history = list(state.history)
-    return EvolutionResult(params=opt.params, saved_fitness=history[-1].saved_fitness if history else None,
+    selection = None
+    if validation:
+        top = val.best_member(members)
+        selection = {"items": len(validation), "start": state.start_validation, "warm_start": ev.warm_start,
+                     "selected": state.selected_validation, "selected_from": state.selected_from,
+                     "members": {k: v.accuracy for k, v in members.items()},
+                     "members_no_answer": {k: v.no_answer for k, v in members.items()},
+                     "best_member": top, "best_member_score": members[top].accuracy,
+                     "beats_best_member": bool(state.selected_validation > members[top].accuracy)}
+    return EvolutionResult(params=opt.params if state.selected_params is None else state.selected_params,
+                           saved_fitness=history[-1].saved_fitness if history else None,
                            best_candidate_params=state.best_params, best_candidate_fitness=state.best_fitness,
                            history=history, layout=layout, resumed_from=resumed_from, fingerprint=fingerprint,
-                           features=states.features)
+                           features=states.features, selection=selection)
 
 
 OUTAGE_REPLAYS = 2
@@ -368,7 +452,7 @@ def play_replaying_outages(specs: Sequence[tuple[Task, int, tuple]], heads, pool
         eps = [Episode(task=specs[i][0], candidate=specs[i][1], rng=episode_rng(*specs[i][2])) for i in ix]
         asyncio.run(play_episodes(eps, heads, pool, states, c.max_turns, settings.reward, grade, adapters=adapters,
                                   trees=trees, keep_features=keep_features, stop_on_outage=True,
-                                  roles=allowed_roles(c)))
+                                  roles=allowed_roles(c), answer_rule=c.answer_rule))
         return eps
 
     episodes = play(range(len(specs)))
@@ -437,13 +521,13 @@ _RUNTIME_ONLY = {"task_runner", "dask_workers", "dask_threads_per_worker", "gene
 (generation g's tasks and seeds depend on g only), so raising `generations` extends a finished run."""
 
 
-RESUME_FORMAT = 3
+RESUME_FORMAT = 4
 """Bumped when the pickled state changes meaning (2: optimisers carry their own RandomState; 3: records carry
-the saved vector's fitness)."""
+the saved vector's fitness; 4: selection on validation)."""
 
 
 def run_fingerprint(settings: Settings, layout: ParamLayout, train: Sequence[Task], encoder_id: str | None,
-                    code: str | None = None) -> str:
+                    code: str | None = None, validation: Sequence[Task] = ()) -> str:
     """What makes a checkpoint this run's: settings, head shape, the training tasks' content, the encoder's
     exact features (model, dtype, feature config: the policy reads them), and the version of the code that
     shapes results (`trinity.code_version`: all the code the evolve and evaluate stages import) — a code
@@ -463,4 +547,5 @@ def run_fingerprint(settings: Settings, layout: ParamLayout, train: Sequence[Tas
                 pass  # no such file: the pool cannot load it either, and says so
     return stable_hash({"settings": dump, "shape": [layout.head.n_models, layout.head.dim, layout.n_svf],
                         "train": [t.to_json() for t in train], "encoder": encoder_id, "format": RESUME_FORMAT,
+                        "validation": [t.to_json() for t in validation],
                         "code": code_version() if code is None else code})

@@ -401,7 +401,8 @@ class Coordinator:
             with pool.observe(on_reply):
                 asyncio.run(play_episodes([ep], [self.head], pool, states, self.settings.coordinator.max_turns,
                                           self.settings.reward, _ungraded, adapters=self.adapters,
-                                          roles=allowed_roles(self.settings.coordinator)))
+                                          roles=allowed_roles(self.settings.coordinator),
+                                          answer_rule=self.settings.coordinator.answer_rule))
 
         await loop.run_in_executor(self._episode_threads, play)
         fmt = next(k for k, v in ANSWER_FORMATS.items() if v == task.grader)

@@ -38,9 +38,17 @@ def generation_logger(tracker, pool_names: list[str], prefix: str = "", step: bo
         print(f"[{'ablation' if prefix else label}:{rec.method}] gen {rec.generation}: saved vector "
               f"{rec.saved_fitness:.3f} (acc {rec.saved_accuracy:.2f}); candidates mean {rec.mean_fitness:.3f} "
               f"best {rec.best_candidate_fitness:.3f}; step {rec.sigma:.4g} calls {rec.calls_made} "
-              f"hits {rec.store_hits}{_outage_note(rec)} ({rec.wall_s:.1f}s)", flush=True)
+              f"hits {rec.store_hits}{_outage_note(rec)}{_validation_note(rec)} ({rec.wall_s:.1f}s)", flush=True)
 
     return on_generation
+
+
+def _validation_note(rec) -> str:
+    """The progress line's validation scores, when the run has a validation slice."""
+    if rec.validation_mean is None:
+        return ""
+    return (f"; validation: mean {rec.validation_mean:.3f}, best candidate {rec.validation_best_candidate:.3f}, "
+            f"selected {rec.validation_selected:.3f}")
 
 
 def _outage_note(rec) -> str:
@@ -52,14 +60,14 @@ def _outage_note(rec) -> str:
 
 
 def _train(settings: Settings, train, pool, states, store, *, resume_path: Path, run_id: str, on_generation,
-           trees=None):
+           trees=None, validation=()):
     """The training loop of `settings.evolve.method`, its never-seen nodes expanded on the configured engine."""
     from trinity.evolve.engine import run_expanding
     from trinity.evolve.sep_cma import evolve as run_es
 
     return run_expanding(
         lambda: run_es(settings, train, pool, states, grade, resume_path=resume_path, on_generation=on_generation,
-                       run_id=run_id, store=store, trees=trees),
+                       run_id=run_id, store=store, trees=trees, validation=validation),
         settings, pool, name=f"trinity-expand-{settings.evolve.method.replace('_', '-')}")
 
 
@@ -87,7 +95,8 @@ def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, chec
     from trinity.store import Store
 
     check_pool_config(settings.pool)
-    train = load_tasks(paths).train
+    splits = load_tasks(paths)
+    train = splits.train
     encoder = policy.make_encoder(settings)
     out_dir.mkdir(parents=True, exist_ok=True)
     # the resume state is this checkout's own (a queued experiment's copy does not share the workspace's)
@@ -98,7 +107,8 @@ def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, chec
         states = StateCache(encoder, store)
         result = _train(settings, train, pool, states, store, resume_path=resume,
                         run_id=run_id(settings, name),
-                        on_generation=generation_logger(tracker, pool.names, label=name))
+                        on_generation=generation_logger(tracker, pool.names, label=name),
+                        validation=splits.validation)
         layout = result.layout
         _reset_adapter(states, layout)
         meta = {
@@ -115,6 +125,8 @@ def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, chec
             "best_candidate_fitness": result.best_candidate_fitness,
             "final_mean_fitness": result.history[-1].mean_fitness if result.history else None,
             "train_tasks": [t.id for t in train],
+            "validation_tasks": [t.id for t in splits.validation],
+            "selection": result.selection,
         }
         policy.save_checkpoint(checkpoint, result.params, meta)
         history = [asdict(r) for r in result.history]
@@ -126,6 +138,15 @@ def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, chec
                    "transient_failures": pool.stats.transient_failures,
                    "outage_episodes": sum(r["outage_episodes"] for r in history),
                    "n_params": layout.n_params, "svf_params": layout.n_svf}
+        if result.selection is not None:
+            s = result.selection
+            metrics |= {"validation_selected": s["selected"], "validation_start": s["start"],
+                        "validation_best_member": s["best_member_score"], "best_member": s["best_member"],
+                        "beats_best_member_on_validation": s["beats_best_member"]}
+            print(f"[{name}] saved: {s['selected_from']}, validation {s['selected']:.3f} on {s['items']} items; best "
+                  f"member alone ({s['best_member']}) {s['best_member_score']:.3f}: "
+                  + ("the coordinator beats it" if s["beats_best_member"] else
+                     "the coordinator does NOT beat it"), flush=True)
         write_json(paths.metrics(name), metrics)
     lineage(tracker, paths, uses=("prepared",), logs="checkpoint" if name == "evolve" else f"{name}-checkpoint",
             metadata=metrics)

@@ -15,7 +15,8 @@ copy of the workspace); set it yourself for `dvc exp run --temp` / `--queue`. Wh
 what a stage computes (every call is keyed by its request), so it is no stage's param. DuckDB: one writer process
 per file, so experiments that share a store run one at a time."""
 
-SPLIT_FILES = {"train": "train.jsonl", "in_distribution": "in_distribution.jsonl", "heldout": "heldout.jsonl"}
+SPLIT_FILES = {"train": "train.jsonl", "in_distribution": "in_distribution.jsonl", "heldout": "heldout.jsonl",
+               "validation": "validation.jsonl"}
 """The prepare stage's outputs under data/prepared/: split → file."""
 
 

@@ -55,7 +55,7 @@ def write_report(eval_dir: Path, evolve_dir: Path, checkpoint_meta: Path, report
     plots_dir = reports_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
     written = {"summary": reports_dir / "summary.md", "traces": reports_dir / "traces.md"}
-    written["summary"].write_text(summary_markdown(results, meta, history))
+    written["summary"].write_text(summary_markdown(results, meta, history, episodes))
     written["traces"].write_text(traces_markdown(results, episodes, traces_per_benchmark))
     for stem, _ in PLOTS:
         written[stem] = plots_dir / f"{stem}.png"

@@ -111,9 +111,12 @@ def usage_figure(counts: dict[str, np.ndarray], pool_names: list[str], benchmark
     return figure
 
 
-FITNESS_CURVES = (("saved_fitness", "saved vector (same episodes each generation)", "-", "o"),
-                  ("mean_fitness", "candidates mean", "--", "s"),
-                  ("best_candidate_fitness", "best candidate (noisy max)", ":", "^"))
+FITNESS_CURVES = (("saved_fitness", "CMA mean, training (same episodes each generation)", "-", "o"),
+                  ("mean_fitness", "candidates mean, training", "--", "s"),
+                  ("best_candidate_fitness", "best candidate, training (noisy max)", ":", "^"),
+                  ("validation_mean", "CMA mean, validation", "-", "D"),
+                  ("validation_selected", "saved (best so far), validation", "-", "*"),
+                  ("validation_best_member", "best member alone, validation", ":", ""))
 """(key of a history.json row, legend label, line style, marker)."""
 
 
@@ -124,14 +127,15 @@ def fitness_figure(history: list[dict]) -> Figure:
         generations = [row.get("generation") for row in history]
         for key, label, style, marker in FITNESS_CURVES:
             values = [np.nan if row.get(key) is None else row[key] for row in history]
-            ax.plot(generations, values, linestyle=style, marker=marker, label=label)
+            if not np.isnan(values).all():  # a run without a validation slice has no validation curves
+                ax.plot(generations, values, linestyle=style, marker=marker or None, label=label)
         ax.set_xticks(generations)
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "no generations recorded", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("generation")
-    ax.set_ylabel("fitness (shaped reward)")
-    ax.set_title("Fitness over generations", fontsize=10)
+    ax.set_ylabel("fitness (reward) / validation accuracy")
+    ax.set_title("Learning curves: training fitness and validation", fontsize=10)
     ax.grid(alpha=0.3)
     return figure
 

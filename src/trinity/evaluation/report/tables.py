@@ -391,23 +391,38 @@ def _history_cell(row: dict, key: str, digits: int) -> str:
     return str(value) if digits == 0 else f"{value:.{digits}f}"
 
 
-EVOLUTION_COLUMNS = (("generation", "generation", 0), ("saved_fitness", "saved vector fitness", 3),
-                     ("saved_accuracy", "saved vector accuracy", 3), ("mean_fitness", "candidates mean", 3),
+EVOLUTION_COLUMNS = (("generation", "generation", 0), ("saved_fitness", "CMA mean fitness", 3),
+                     ("saved_accuracy", "CMA mean accuracy", 3), ("mean_fitness", "candidates mean", 3),
                      ("best_candidate_fitness", "best candidate", 3), ("sigma", "sigma", 4),
+                     ("validation_mean", "mean on validation", 3), ("validation_best_candidate",
+                                                                   "best candidate on validation", 3),
+                     ("validation_selected", "saved so far, validation", 3),
+                     ("validation_best_member", "best member, validation", 3),
                      ("calls_made", "new LLM calls", 0), ("store_hits", "store hits", 0))
 """(key of a history.json row, column label, decimals; 0 = printed as is)."""
 
 
 def _evolution_section(meta: dict, history: list[dict]) -> list[str]:
     lines = ["## Evolution", "",
-             f"Saved vector = the parameters the run saves after that generation (CMA-ES: the distribution mean), "
-             f"scored on the same {meta.get('saved_fitness_episodes', '?')} sampled training episodes every "
-             f"generation. Candidates = that generation's sampled population on its minibatch; their best is a "
+             f"CMA mean = the optimiser's answer after that generation (the distribution mean), scored on the same "
+             f"{meta.get('saved_fitness_episodes', '?')} sampled training episodes every generation (the training "
+             f"curve); with a validation slice, the run saves the best vector there instead (below). Candidates = that generation's sampled population on its minibatch; their best is a "
              f"noisy maximum, not the saved vector's score.", ""]
+    sel = meta.get("selection")
+    if sel:
+        verdict = ("the coordinator beats it" if sel["beats_best_member"] else
+                   "**the coordinator does not beat it** (equal or worse on validation)")
+        lines += [f"Selection on validation ({sel['items']} items of the training benchmarks, in neither training nor "
+                  f"evaluation; start: {sel.get('warm_start', 'none')}): the saved coordinator is the "
+                  f"{sel['selected_from']} vector, {sel['selected']:.3f} on validation; the best member alone "
+                  f"({sel['best_member']}) scores {sel['best_member_score']:.3f} there: {verdict}. Members alone: "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in sel["members"].items()) + ".", ""]
     if not history:
         return lines + ["No generations recorded (history.json is empty).", ""]
-    lines += _table([label for _, label, _ in EVOLUTION_COLUMNS],
-                    [[_history_cell(row, key, digits) for key, _, digits in EVOLUTION_COLUMNS] for row in history])
+    columns = [c for c in EVOLUTION_COLUMNS  # validation columns only for a run with a validation slice
+               if not c[0].startswith("validation_") or any(row.get(c[0]) is not None for row in history)]
+    lines += _table([label for _, label, _ in columns],
+                    [[_history_cell(row, key, digits) for key, _, digits in columns] for row in history])
     episodes = sum(int(row.get("episodes") or 0) for row in history)
     if episodes:
         lines += ["", f"Training played {episodes:,} episodes ({len(history)} generations); the paper trains on "
@@ -420,7 +435,31 @@ def _evolution_section(meta: dict, history: list[dict]) -> list[str]:
 # ------------------------------------------------------------------------------------------ summary.md
 
 
-def summary_markdown(results: EvalResults, meta: dict, history: list[dict]) -> str:
+def no_answer_shares(episodes: list[dict]) -> dict[str, dict[str, tuple[int, int]]]:
+    """{method: {benchmark: (items with no answer returned, items scored)}} from data/eval/episodes.jsonl rows;
+    items an outage left unscored are not counted."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for row in episodes:
+        if (row.get("error") or "").startswith("outage: "):
+            continue
+        cell = out.setdefault(row["method"], {}).setdefault(row["benchmark"], [0, 0])
+        cell[0] += row.get("answer") is None
+        cell[1] += 1
+    return {m: {b: (c[0], c[1]) for b, c in per.items()} for m, per in out.items()}
+
+
+def no_answer_section(results: EvalResults, episodes: list[dict]) -> list[str]:
+    shares = no_answer_shares(episodes)
+    benchmarks = [b.name for b in ordered_benchmarks(results)]
+    lines = ["## No answer returned", "",
+             "Per method and benchmark, the share of items whose episode returned no answer (no Worker reply "
+             "succeeded); a no-answer item scores 0.", ""]
+    rows = [[m] + [(f"{per[b][0] / per[b][1]:.0%} ({per[b][0]}/{per[b][1]})" if b in per and per[b][1] else NO_VALUE)
+                   for b in benchmarks] for m, per in shares.items()]
+    return lines + _table(["method", *benchmarks], rows) + [""]
+
+
+def summary_markdown(results: EvalResults, meta: dict, history: list[dict], episodes: list[dict] | None = None) -> str:
     lines = ["# Trinity — evaluation", ""]
     lines += _setup_paragraph(results, meta) + [""]
     lines += main_table(results) + ["", _main_table_notes(results), ""]
@@ -431,6 +470,8 @@ def summary_markdown(results: EvalResults, meta: dict, history: list[dict]) -> s
               "methods have valid: all turns (resampling items with their turns), then each turn.", ""]
     lines += paired_table(results) + ["", reading(results), ""]
     lines += pooled_section(results)
+    if episodes is not None:
+        lines += no_answer_section(results, episodes)
     lines += _judge_section(results.judge)
     lines += _never_trained_on_section(results)
     lines += _evolution_section(meta, history)
