@@ -234,25 +234,27 @@ def known_answer_settings(base, coordinator: dict | None = None, **evolve_overri
 
 
 def train_method(settings, train: Sequence[Task], test: Sequence[Task], pool, states, grade, trees, workdir: Path,
-                 on_generation: Callable[[dict], None] | None = None) -> dict:
+                 on_generation: Callable[[dict], None] | None = None, validation: Sequence[Task] = ()) -> dict:
     """Train with settings.evolve.method for settings.evolve.generations generations, one generation at a time
     through `evolve`'s exact resume (a finished run extended by one generation: the same run as an
-    uninterrupted one), scoring the saved vector (argmax) on `test` after each. Returns the curve."""
+    uninterrupted one), scoring the saved vector (argmax) on `test` after each. `validation`: the items the saved
+    vector is selected on (and the warm start's best member found on). Returns the curve."""
     from trinity.evolve.sep_cma import evolve
 
     total = settings.evolve.generations
-    resume = workdir / f"{settings.evolve.method}.pkl"
+    resume = workdir / f"{settings.evolve.method}-{settings.evolve.warm_start}.pkl"
     curve = []
     t0 = time.perf_counter()
     for g in range(1, total + 1):
         s = known_answer_settings(settings, generations=g)
-        res = evolve(s, train, pool, states, grade, resume_path=resume, trees=trees)
+        res = evolve(s, train, pool, states, grade, resume_path=resume, trees=trees, validation=validation)
         rec = res.history[-1]
         _, W = res.layout.split(res.params)  # (the layout of what the head reads: evolve set states.features)
         sc = score_policy(W, test, pool, states, settings, grade, trees)
         point = {"generation": g, "episodes": sum(r.episodes for r in res.history),
                  "mean_fitness": round(rec.mean_fitness, 4), "saved_fitness": round(rec.saved_fitness, 4),
                  "train_accuracy_saved": round(rec.saved_accuracy, 4), "heldout_accuracy": round(sc.accuracy, 4),
+                 "validation_selected": rec.validation_selected,
                  "heldout_turns": round(sc.mean_turns, 2), "wall_s": round(time.perf_counter() - t0, 1)}
         curve.append(point)
         if on_generation is not None:

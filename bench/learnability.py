@@ -17,6 +17,7 @@ reach 90 %, the best single member and random routing (the zero head, sampled: u
 
 Usage: .venv/bin/python bench/learnability.py [--generations 20] [--tasks-per-generation 16] [--train 20]
        [--heldout 20] [--methods sep_cma,reinforce,random_search]   (defaults: the full run, ~10 min on 2 cores)
+       [--validation 10 --warm-starts none,best_member]   (select the saved vector on validation; both starts)
 Last line: one JSON object (DESIGN.md's bench format).
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +66,7 @@ PAPER_SIGMA0 = EvolveSettings.model_fields["sigma0"].default
 def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: int, methods: list[str],
         popsize: int | None = None, params: Path = ROOT / "params.yaml", encoder=None, seed: int = 0,
         feature_norm: str | None = None, max_turns: int | None = None, sigma0: float | None = None,
+        n_validation: int = 0, warm_starts: Sequence[str] = ("none",),
         log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     from trinity.config import load_settings
     from trinity.coordinator.episode import RolloutTrees, StateCache
@@ -83,8 +86,9 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
                                     sigma0=sigma0 if sigma0 is not None else PAPER_SIGMA0)
     train = ka.make_tasks(n_train, seed, "train")
     heldout = ka.make_tasks(n_heldout, seed, "heldout", exclude=train)
+    validation = ka.make_tasks(n_validation, seed, "validation", exclude=train + heldout) if n_validation else []
     assert not {t.query for t in train} & {t.query for t in heldout}, "held-out queries drawn into training"
-    pool = ka.make_pool(train + heldout)
+    pool = ka.make_pool(train + heldout + validation)
     encoder = encoder if encoder is not None else make_encoder(base)
     states = StateCache(encoder, store=None)
     trees = RolloutTrees()  # shared by every method: same replies, same transcripts (states encoded once)
@@ -101,25 +105,27 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for method in methods:
-            s = ka.known_answer_settings(base, method=method)
+        for method, start in [(m, w) for m in methods for w in warm_starts]:
+            s = ka.known_answer_settings(base, method=method, warm_start=start)
+            name = method if list(warm_starts) == ["none"] else f"{method} (start: {start})"
             states.features = None  # each method fits its own (identical) map from the training tasks
 
-            def progress(p, _m=method):
+            def progress(p, _m=name):
                 log(f"[learnability:{_m}] gen {p['generation']}/{generations} · mean fitness {p['mean_fitness']:.3f}"
                     f" · saved {p['saved_fitness']:.3f} · held-out acc {p['heldout_accuracy']:.3f} "
                     f"({p['heldout_turns']:.2f} turns) · models {p['model_usage']} · roles {p['role_usage']} · "
                     f"{p['wall_s']:.0f}s · states encoded {states.encoded}")
 
-            out = ka.train_method(s, train, heldout, pool, states, grade, trees, Path(tmp), on_generation=progress)
+            out = ka.train_method(s, train, heldout, pool, states, grade, trees, Path(tmp), on_generation=progress,
+                                  validation=validation)
             curve = out["curve"]
             reach = next((p["generation"] for p in curve if p["heldout_accuracy"] >= 0.9 * oracle), None)
             final = out["final"]
-            results[method] = {
+            results[name] = {
                 "heldout_accuracy": final.accuracy, "fraction_of_oracle": round(final.accuracy / oracle, 4),
                 "generations_to_90pct": reach, "heldout_turns": final.mean_turns, "model_usage": final.model_usage,
                 "role_usage": final.role_usage, "curve": curve}
-    first = methods[0]
+    first = next(iter(results))
     return {
         "name": "learnability", "figure": results[first]["fraction_of_oracle"],
         "unit": f"held-out accuracy of the trained coordinator ({first}, argmax) / the oracle router's",
@@ -135,7 +141,9 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
             "methods": results,
             "budget": {"generations": generations, "popsize": popsize, "tasks_per_generation": tasks_per_generation,
                        "episodes_per_method": generations * popsize * min(tasks_per_generation, len(train))},
-            "tasks": {"train": len(train), "heldout": len(heldout), "families": list(ka.FAMILIES)},
+            "tasks": {"train": len(train), "heldout": len(heldout), "validation": len(validation),
+                      "families": list(ka.FAMILIES)},
+            "warm_starts": list(warm_starts),
             "settings": {"sigma0": base.evolve.sigma0, "reinforce_lr": base.evolve.reinforce_lr,
                          "max_turns": base.coordinator.max_turns, "reward": base.reward.model_dump(),
                          "feature_norm": base.coordinator.feature_norm,
@@ -195,9 +203,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-turns", type=int, default=None, help="default: params.yaml coordinator.max_turns")
     ap.add_argument("--feature-norm", choices=["none", "standardize"], default=None,
                     help="default: params.yaml coordinator.feature_norm")
+    ap.add_argument("--validation", type=int, default=0,
+                    help="validation tasks per family: the saved vector is selected on them (default 0: the last mean)")
+    ap.add_argument("--warm-starts", default="none",
+                    help="comma-separated evolve.warm_start values to train each method from (best_member needs "
+                         "--validation), e.g. none,best_member")
     a = ap.parse_args(argv)
     res = run(a.generations, a.tasks_per_generation, a.train, a.heldout, a.methods.split(","), popsize=a.popsize,
-              params=a.params, seed=a.seed, feature_norm=a.feature_norm, max_turns=a.max_turns, sigma0=a.sigma0)
+              params=a.params, seed=a.seed, feature_norm=a.feature_norm, max_turns=a.max_turns, sigma0=a.sigma0,
+              n_validation=a.validation, warm_starts=a.warm_starts.split(","))
     if a.markdown:
         a.markdown.write_text(markdown(res, "python bench/learnability.py " + " ".join(argv if argv is not None
                                                                                      else sys.argv[1:])))

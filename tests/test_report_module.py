@@ -393,3 +393,12 @@ def test_the_pooled_paired_section_names_the_split_what_it_pools_and_n(rendered)
             "+0.100 [-0.200, 0.400] | 6 units, 4 items† | 2 / 1 | too few items |") in section
     assert ("Held-out pooled scores over the 5 units every method scored (of 6): `trinity` 0.500, `alone:alpha` "
             "0.800, `random-routing` 0.400.") in section
+
+
+def test_no_answer_shares_count_items_without_an_answer_per_method_and_benchmark(rendered):
+    rows = [{"method": "trinity", "benchmark": "math500", "answer": None, "error": None},
+            {"method": "trinity", "benchmark": "math500", "answer": "4", "error": None},
+            {"method": "trinity", "benchmark": "math500", "answer": None, "error": "outage: 503"},  # unscored
+            {"method": "alone:a", "benchmark": "mbpp", "answer": "x", "error": None}]
+    assert tables.no_answer_shares(rows) == {"trinity": {"math500": (1, 2)}, "alone:a": {"mbpp": (0, 1)}}
+    assert "## No answer returned" in rendered["summary"].read_text()

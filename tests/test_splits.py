@@ -133,3 +133,22 @@ def test_save_and_load_tasks(tmp_path, root):
         load_tasks(path)
     with pytest.raises(DataError, match="file not found"):
         load_tasks(tmp_path / "missing.jsonl")
+
+
+def test_validation_is_drawn_from_what_training_and_evaluation_left(root):
+    from trinity.data.splits import build_all_splits
+
+    kw = dict(train={"math500": 5, "mmlu": 5}, in_distribution={"math500": 4, "mmlu": 4}, heldout={"gsm8k": 3},
+              seed=0, math500_max_level=2)
+    without = build_all_splits(root, **kw)
+    s = build_all_splits(root, **kw, validation={"math500": 3, "mmlu": 3})
+    assert (s.train, s.in_distribution, s.heldout) == (without.train, without.in_distribution, without.heldout)
+    assert without.validation == [] and len(s.validation) == 6
+    assert {t.source for t in s.validation} == {"math500", "mmlu"}
+    taken = {t.id for t in [*s.train, *s.in_distribution, *s.heldout]}
+    assert not taken & {t.id for t in s.validation}
+    assert build_all_splits(root, **kw, validation={"math500": 3, "mmlu": 3}).validation == s.validation  # seeded
+    with pytest.raises(ValueError, match="data.validation.gsm8k: not a training benchmark"):
+        build_all_splits(root, **kw, validation={"gsm8k": 2})
+    with pytest.raises(ValueError, match="data.validation.aime"):
+        build_all_splits(root, **kw, validation={"aime": 2})

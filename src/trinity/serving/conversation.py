@@ -210,8 +210,11 @@ class EpisodeResult:
 
     @property
     def answer_turn(self) -> TurnRecord | None:
-        """The turn whose reply is the answer: the latest successful Worker turn (`roles.latest_answer`)."""
-        return next((t for t in reversed(self.turns) if t.role == "worker" and t.ok), None) if self.answer else None
+        """The turn whose reply is the answer: the successful Worker turn the answer rule returned
+        (`roles.returned_answer`; the latest with that text)."""
+        if self.answer is None:
+            return None
+        return next((t for t in reversed(self.turns) if t.role == "worker" and t.ok and t.text == self.answer), None)
 
     @property
     def answered_by(self) -> str | None:
