@@ -1,6 +1,8 @@
 """Which answer should an episode return? Regrade stored episodes under every rule (0 LLM calls).
 
-Reads the evaluation's episodes (data/eval/episodes.jsonl, or any file of that schema: `--episodes`, repeatable),
+Reads evaluation episodes (data/eval/episodes.jsonl's schema; `--episodes`, repeatable; default: the shipped
+reports/answer_rule_episodes.jsonl, the coordinator's and random routing's episodes of the run committed at 37f6057,
+played under the rule `latest` with max_turns 3, so that the rules can disagree),
 takes every multi-agent episode (the coordinator's and random routing's: `--methods`) that is graded right or wrong
 (judged MT-Bench conversations are left out: their score is a judge's, across conversation turns), rebuilds its
 turns and grades the answer each rule of `trinity.coordinator.roles.ANSWER_RULES` returns. Each distinct (item,
@@ -11,6 +13,9 @@ rules disagree), and prints one JSON line. The rule with the highest mean on the
 data's choice; with few disagreements the table says so and how many there were.
 
     .venv/bin/python scripts/answer_rule.py [--episodes data/eval/episodes.jsonl ...] [--prepared data/prepared]
+
+Under the rule `first` an episode ends at its first answer, so episodes played under it cannot tell the rules apart:
+regrade episodes played under another rule (e.g. `-S coordinator.answer_rule=latest`).
 """
 from __future__ import annotations
 
@@ -22,6 +27,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+
+def _shown(f: Path) -> str:
+    """A file as the report names it: relative to the project when inside it."""
+    f = f.resolve()
+    return str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f)
 
 
 def load_items(prepared: Path) -> dict:
@@ -46,12 +57,12 @@ def main(argv=None) -> dict:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", action="append", type=Path, default=None,
-                    help="episodes.jsonl files (default data/eval/episodes.jsonl)")
+                    help="episodes.jsonl files (default reports/answer_rule_episodes.jsonl)")
     ap.add_argument("--prepared", type=Path, default=ROOT / "data" / "prepared", help="the items (data/prepared)")
     ap.add_argument("--methods", default="trinity,random-routing", help="comma-separated methods to regrade")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "answer_rule")
     args = ap.parse_args(argv)
-    files = args.episodes or [ROOT / "data" / "eval" / "episodes.jsonl"]
+    files = args.episodes or [ROOT / "reports" / "answer_rule_episodes.jsonl"]
     methods = set(args.methods.split(","))
     items = load_items(args.prepared)
     grades: dict[tuple[str, str], float] = {}
@@ -75,7 +86,7 @@ def main(argv=None) -> dict:
                     grades[(task.id, a)] = float(grade(task, a))
                 scores[rule] = grades[(task.id, a)]
             answers = {returned_answer(turns, rule) for rule in ANSWER_RULES}
-            rows.append({"file": str(f), "method": r["method"], "task_id": task.id, "benchmark": task.source,
+            rows.append({"method": r["method"], "task_id": task.id, "benchmark": task.source,
                          "disagree": len(answers) > 1, "scores": scores})
     disagree = [r for r in rows if r["disagree"]]
 
@@ -88,12 +99,12 @@ def main(argv=None) -> dict:
                             text=True).stdout.strip()
     out = {"bench": "answer_rule", "figure": best, "episodes": len(rows), "disagreeing": len(disagree),
            "grades_computed": len(grades), "llm_calls": 0, "by_rule": table, "commit": commit,
-           "files": [str(f) for f in files], "methods": sorted(methods), "rows": rows}
+           "files": [_shown(f) for f in files], "methods": sorted(methods), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
     md = ["# Which answer an episode returns: stored episodes regraded under each rule (0 LLM calls)", "",
           f"`scripts/answer_rule.py` at {commit}, episodes of {', '.join(sorted(methods))} from "
-          f"{', '.join(str(f) for f in files)}: {len(rows)} graded episodes, {len(disagree)} where the rules return "
+          f"{', '.join(out['files'])}: {len(rows)} graded episodes, {len(disagree)} where the rules return "
           "different answers (only those can tell the rules apart).", "",
           "| rule | mean score, all episodes | mean score, where the rules disagree |", "|---|---|---|"]
     md += [f"| {rule} | {table[rule]['all']} | {table[rule]['disagreeing']} |" for rule in ANSWER_RULES]
