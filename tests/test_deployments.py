@@ -131,7 +131,8 @@ def project(tmp_path_factory, llm):
          if src.is_dir() else shutil.copy(src, repo / item))
     (repo / "params.yaml").write_text(yaml.safe_dump(_tiny_params(llm.base_url), sort_keys=False))
     paths = stage_paths.Paths(repo)
-    for split, tasks in (("train", TRAIN), ("in_distribution", IN_DISTRIBUTION), ("heldout", HELDOUT)):
+    for split, tasks in (("train", TRAIN), ("in_distribution", IN_DISTRIBUTION), ("heldout", HELDOUT),
+                         ("validation", [])):
         save_tasks(paths.prepared / stage_paths.SPLIT_FILES[split], tasks)
     run_stage("evolve", load_settings(repo / "params.yaml"), paths)
     assert paths.checkpoint.with_suffix(".npy").exists()

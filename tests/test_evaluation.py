@@ -310,6 +310,7 @@ def test_a_heldout_item_in_training_fails_the_stage_loudly(tmp_path, root):
     save_tasks(paths.prepared / "train.jsonl", [*s.train, s.heldout[0]])  # someone edited the prepared file
     save_tasks(paths.prepared / "in_distribution.jsonl", s.in_distribution)
     save_tasks(paths.prepared / "heldout.jsonl", s.heldout)
+    save_tasks(paths.prepared / "validation.jsonl", s.validation)
     with pytest.raises(ContaminationError, match="held-out benchmarks in the training set: \\['gpqa'\\]"):
         stage_common.load_tasks(paths)
     # the same prompt text under another id is caught too (normalised text, not only ids)

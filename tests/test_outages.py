@@ -96,8 +96,8 @@ def _evolve_recording_tell(monkeypatch, s, pool, store=None):
     """One evolve run; returns (result, [(fitness, episodes) given to the optimiser's tell per generation])."""
     told = []
 
-    def recording(settings, layout):
-        opt = _MAKE_OPTIMIZER(settings, layout)
+    def recording(settings, layout, x0=None):
+        opt = _MAKE_OPTIMIZER(settings, layout, x0)
         tell = opt.tell
 
         def tell_and_record(X, fitness, episodes):
@@ -147,7 +147,8 @@ def test_the_saved_vectors_score_leaves_outages_out(tmp_path):
     own = sep_cma.score_params(params, layout, scoring, s, pool, states, grade, sep_cma.RolloutTrees())
     # the same episodes played plainly: those free of outages are the same games either way
     eps = [Episode(task=t, candidate=0, rng=episode_rng(s.evolve.seed, "saved-fitness", k, t.id)) for t, k in scoring]
-    asyncio.run(play_episodes(eps, [layout.split(params)[1]], pool, states, 3, s.reward, grade))
+    asyncio.run(play_episodes(eps, [layout.split(params)[1]], pool, states, 3, s.reward, grade,
+                              answer_rule=s.coordinator.answer_rule))
     clean = [e for e in eps if not _hit_outage(e)]
     assert 0 < len(clean) < len(eps)
     assert own[0] == pytest.approx(np.mean([e.reward for e in clean]))
@@ -227,7 +228,7 @@ def _evaluate_setup(tmp_path, monkeypatch):
     train = [Task(id=f"tr/{i}", source="math500", prompt=(f"Train {i}: what is 2+3?",), grader="math", answer="5")
              for i in range(2)]
     paths.prepared.mkdir(parents=True)
-    for split, tasks in (("train", train), ("in_distribution", TASKS[:3]), ("heldout", [])):
+    for split, tasks in (("train", train), ("in_distribution", TASKS[:3]), ("heldout", []), ("validation", [])):
         save_tasks(paths.prepared / stage_paths.SPLIT_FILES[split], tasks)
     settings = Settings(pool=PoolSettings(members=[
         PoolMember(name=n, backend="local", model="smollm2-135m-instruct") for n in "ab"]),

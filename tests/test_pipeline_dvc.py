@@ -179,6 +179,7 @@ def test_the_store_is_the_checkouts_own_or_the_one_named_explicitly(tmp_path, mo
 
 
 DVC_OUTPUTS = ("data/prepared/train.jsonl", "data/prepared/in_distribution.jsonl", "data/prepared/heldout.jsonl",
+               "data/prepared/validation.jsonl",
                "data/encode/root_states.parquet", "data/checkpoints/coordinator.npy",
                "data/checkpoints/coordinator.json", "data/evolve/history.json", "data/eval/episodes.jsonl",
                "data/eval/results.json")

@@ -80,8 +80,8 @@ def test_code_version_changes_with_behaviour_not_with_comments(tmp_path):
     episode = pkg / "coordinator" / "episode.py"
     # comments, docstrings and layout are not behaviour
     _edit(episode, '"""Correctness + diversity bonus', '"""(reworded docstring) Correctness + diversity bonus')
-    _edit(episode, "    if ep.verifier_first:\n        return 0.0\n",
-          "    # a comment\n    if ep.verifier_first:\n\n        return 0.0\n")
+    _edit(episode, "    if ep.outage:\n        return None\n",
+          "    # a comment\n    if ep.outage:\n\n        return None\n")
     _edit(pkg / "evolve" / "engine.py", "def in_prefect_flow() -> bool:", "def in_prefect_flow(  ) -> bool:  # x")
     _edit(pkg / "config.py", '"""What the head reads:', '"""(a setting\'s attribute docstring, reworded) What the head reads:')
     assert cv.raw_code_version(pkg) == base
@@ -351,8 +351,10 @@ class _FixedMean:
 
 
 def test_saved_fitness_is_measured_on_the_same_episodes_every_generation(tmp_path, monkeypatch):
-    monkeypatch.setattr(sep_cma, "make_optimizer", lambda settings, layout: _FixedMean(layout.n_params))
-    res, _ = run_evolve(tmp_path, settings(generations=4), resume=False)
+    monkeypatch.setattr(sep_cma, "make_optimizer", lambda settings, layout, x0=None: _FixedMean(layout.n_params))
+    shaped = settings(generations=4).model_copy(update={"reward": RewardSettings(diversity_weight=0.15,
+                                                                                 turn_penalty_weight=0.1)})
+    res, _ = run_evolve(tmp_path, shaped, resume=False)  # the shaped reward: candidates' figures spread out
     saved = [h.saved_fitness for h in res.history]
     assert len(set(saved)) == 1  # the same vector on the same episodes scores the same
     assert len({h.best_candidate_fitness for h in res.history}) > 1  # while the candidates' figures move
@@ -551,7 +553,7 @@ def test_a_correct_episode_always_outearns_an_incorrect_one(n_models, max_turns)
     from trinity.coordinator.episode import shaped_reward
     from trinity.coordinator.roles import Turn
 
-    w = RewardSettings()
+    w = RewardSettings(diversity_weight=0.15, turn_penalty_weight=0.1)  # the shaping (the default is binary)
     best_wrong, worst_right, best_no_answer = -np.inf, np.inf, -np.inf
     for n in range(1, max_turns + 1):
         for models in itertools.product(range(n_models), repeat=n):
