@@ -221,7 +221,7 @@ def score_policy(W: np.ndarray, tasks: Sequence[Task], pool, states, settings, g
 def known_answer_settings(base, coordinator: dict | None = None, **evolve_overrides):
     """`base` (the project's params: encoder, reward shaping, σ0, max_turns) with the scripted pool as its pool,
     the given coordinator.* overrides (e.g. feature_norm) and evolve.* overrides (generations, popsize,
-    episodes_per_candidate, method...)."""
+    episodes_per_candidate, method, warm_start: "none" unless given, as it needs validation items)."""
     from trinity.config import Settings
 
     dump = base.model_dump(exclude={"source_path"})
@@ -229,7 +229,7 @@ def known_answer_settings(base, coordinator: dict | None = None, **evolve_overri
     dump["evaluate"]["judge"] = MEMBERS[0]
     dump["data"]["in_distribution"], dump["data"]["heldout"] = {}, {}
     dump["coordinator"].update(coordinator or {})
-    dump["evolve"].update(evolve_overrides)
+    dump["evolve"].update({"warm_start": "none", **evolve_overrides})  # a warm start needs validation items
     return Settings.model_validate(dump)
 
 

@@ -80,21 +80,23 @@ def _digest(eps) -> str:
 
 
 PINNED = {  # (with_store, stop_on_outage) -> per generation: (summary digest, calls made, store hits, calls per member)
-    (True, False): [("cc228dd355f7f77f", 91, 61, [34, 27, 30]), ("1b6bcde3efba9e10", 71, 98, [19, 22, 30]),
-                    ("197099e56b6334ef", 58, 112, [17, 16, 25])],
-    (False, False): [("cc228dd355f7f77f", 100, 52, [38, 31, 31]), ("1b6bcde3efba9e10", 126, 43, [42, 37, 47]),
-                     ("197099e56b6334ef", 123, 47, [42, 38, 43])],
-    (True, True): [("b9a98b9a0f8e0b78", 77, 49, [30, 23, 24]), ("af88b296ba0cd753", 62, 88, [17, 20, 25]),
-                   ("316eeea8d4f02309", 50, 101, [16, 14, 20])],
+    (True, False): [("86eaac06d876b6aa", 172, 105, [63, 52, 57]), ("c641ffe146368cb5", 90, 191, [26, 30, 34]),
+                    ("e69c5f4016bfa728", 67, 214, [22, 18, 27])],
+    (False, False): [("86eaac06d876b6aa", 189, 88, [72, 57, 60]), ("c641ffe146368cb5", 200, 81, [68, 65, 67]),
+                     ("e69c5f4016bfa728", 197, 84, [68, 60, 69])],
+    (True, True): [("a97bbaafdfa06020", 142, 78, [55, 43, 44]), ("344ce8f44911e0ce", 79, 151, [20, 29, 30]),
+                   ("43b661e08f4aa25b", 60, 169, [22, 16, 22])],
 }
-"""Generations 0 and 1 sampled (seeds (7, gen, candidate, task)), generation 2 argmax; 24 heads x 3 tasks."""
+"""Generations 0 and 1 sampled (seeds (7, gen, candidate, task)), generation 2 argmax; 24 heads x 3 tasks. Re-pinned at
+issue 38 (a Verifier is masked until there is an answer: the games that began with a Verifier now begin otherwise;
+the others are the same games as before, e.g. FIRST_GAMES 0, 3 and 5), memoised and plain loops agreeing."""
 
 FIRST_GAMES = [  # generation 0, with a store, without stop_on_outage: the first six episodes (candidate 0, 1)
     ([["2", "worker"], ["0", "thinker"], ["2", "worker"], ["2", "verifier"]], None),  # its first call failed
-    ([["2", "verifier"]], 0.0),  # a Verifier before any answer
-    ([["2", "verifier"]], 0.0),
+    ([["2", "worker"], ["2", "thinker"], ["0", "thinker"], ["0", "thinker"]], 0.0850010770839918),  # was a Verifier first
+    ([["2", "worker"], ["2", "thinker"], ["1", "thinker"], ["0", "verifier"]], None),  # was a Verifier first
     ([["0", "worker"], ["2", "worker"], ["1", "worker"], ["1", "thinker"]], 0.13706961562598766),
-    ([["2", "verifier"]], 0.0),
+    ([["2", "worker"], ["2", "thinker"], ["1", "thinker"], ["0", "worker"]], 0.13712511562598767),  # was a Verifier first
     ([["2", "worker"], ["1", "verifier"], ["1", "thinker"], ["2", "verifier"]], None),
 ]
 

@@ -32,14 +32,35 @@ def test_scripted_pool_competence_is_known():
     assert 0.85 < right < 0.95 and 0.15 < wrong < 0.25
 
 
-def test_sep_cma_learns_the_known_routing():
+def _params(tmp_path, **overrides) -> Path:
+    """params.yaml with coordinator / reward overrides ({section: {key: value}})."""
+    import yaml
+
+    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for section, kv in overrides.items():
+        p[section] = {**p[section], **kv}
+    f = tmp_path / "params.yaml"
+    f.write_text(yaml.safe_dump(p))
+    return f
+
+
+@pytest.mark.parametrize("rules,goal", [
+    # the machinery, on the rules it was first shown to learn under (reports/learnability.md): the latest answer
+    # returned, the paper's shaping; a broken optimiser, head, feature path or reward stays at ~1/3 here
+    ({"coordinator": {"answer_rule": "latest"}, "reward": {"diversity_weight": 0.15, "turn_penalty_weight": 0.1}}, 0.9),
+    # the defaults since issue 38 (the first answer returned, a binary reward) learn it less well at this size:
+    # measured 0.667 of the oracle on this CPU (docs/results.md, "Does training learn?"); the floor, 1.5x the best
+    # member, leaves room for another CPU's encoder arithmetic while a broken machine (~1/3) still fails
+    ({}, 0.5),
+])
+def test_sep_cma_learns_the_known_routing(tmp_path, rules, goal):
     import learnability
 
     res = learnability.run(generations=10, tasks_per_generation=12, n_train=4, n_heldout=4, methods=["sep_cma"],
-                           max_turns=2)
+                           max_turns=2, params=_params(tmp_path, **rules))
     d = res["detail"]
     assert d["oracle_accuracy"] == 1.0 and d["best_single_fraction_of_oracle"] == pytest.approx(1 / 3, abs=1e-3)
     assert d["random_routing_fraction_of_oracle"] < 0.5
     curve = d["methods"]["sep_cma"]["curve"]
-    assert res["figure"] >= 0.9, curve
+    assert res["figure"] >= goal, curve
     assert d["pool_calls"] > 0 and d["states_encoded"] > 0  # real episodes, real encoder

@@ -6,7 +6,9 @@ LiteLLM (plain and streaming, with and without sampling fields); raw HTTP for th
 
 The checkpoint's head reads only the bias feature of a standardising feature map (mean 0, scale 1), so its picks
 are known: member `alpha` every turn, role Thinker unless forced. The fake Thinker always suggests a Worker, so an
-episode is Thinker → Worker → Thinker (max_turns 3): three calls, the answer from the Worker.
+episode is Thinker → Worker → Thinker (max_turns 3): three calls, the answer from the Worker. The params return the
+latest answer (`coordinator.answer_rule: latest`), so an episode runs on past its answer: a trace with a turn after
+the answer (under the default, "first", it would end there).
 """
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ def write_params(path: Path, base_url: str, max_turns: int = 3) -> Path:
         f"timeout_s: 20, max_concurrency: 4}}"
         for name, model in zip(MEMBERS, ("fake-a", "fake-b", "fake:503")))
     path.write_text(f"pool:\n  max_concurrency: 8\n  members:\n{members}\n"
-                    f"coordinator:\n  max_turns: {max_turns}\n  max_encode_tokens: 384\n"
+                    f"coordinator:\n  max_turns: {max_turns}\n  max_encode_tokens: 384\n  answer_rule: latest\n"
                     f"  thinker_max_tokens: 32\n  verifier_max_tokens: 16\n  feature_norm: standardize\n")
     return path
 
