@@ -82,16 +82,16 @@ def test_ask_prints_the_answer_and_a_trace_table_and_trace_renders_it(project, r
     assert code == 0, err
     assert out == worker_reply(q) + "\n"  # stdout: the answer alone
     assert re.search(r"1 .*alpha .*thinker .*fresh", err) and re.search(r"2 .*alpha .*worker", err)
-    assert "answered by alpha; 2 turn(s), 2 fresh" in err  # the answer rule "first": it ends at the answer
+    assert "answered by alpha; 3 turn(s), 3 fresh" in err  # test_serve's params: the latest answer, 3 turns
     episode = re.search(r"episode (ep-[0-9a-f]{16})", err).group(1)
 
     code, out, err = run("ask", q, "--params", str(project["params"]))
-    assert code == 0 and out == worker_reply(q) + "\n" and "0 fresh repl(ies), 2 from the store" in err
+    assert code == 0 and out == worker_reply(q) + "\n" and "0 fresh repl(ies), 3 from the store" in err
 
     code, out, _ = run("ask", q, "--params", str(project["params"]), "--json")
     trace = json.loads(out)
     assert trace["episode_id"] == episode and trace["answer"] == worker_reply(q)
-    assert [t["role"] for t in trace["turns"]] == ["thinker", "worker"]
+    assert [t["role"] for t in trace["turns"]] == ["thinker", "worker", "thinker"]
 
     code, out, err = run("trace", episode)
     assert code == 0, err
@@ -226,5 +226,5 @@ def test_episodes_play_off_the_event_loop_and_report_turns_on_it(project, tmp_pa
         loop_thread, results = asyncio.run(run())
     assert [r.answer for r in results] == [worker_reply(q) for q in qs]
     assert encode_threads and all(n.startswith("trinity-episode") for n in encode_threads)
-    assert reported == [loop_thread] * 6  # 3 episodes x 2 turns (ended at the answer), each on the caller's loop
-    assert coordinator.states.encoded == 6  # one StateCache: each of the 6 transcripts encoded once
+    assert reported == [loop_thread] * 9  # 3 episodes x 3 turns, each reported on the caller's loop
+    assert coordinator.states.encoded == 9  # one StateCache: each of the 9 transcripts encoded once
