@@ -63,6 +63,9 @@ COMPATIBLE_REFACTORS: dict[str, str] = {
     # path may be named explicitly (TRINITY_STORE), and W&B runs record the keys they log (trinity_run.json). Where
     # files are written and what W&B is told; no request, reply, key or score changes (tests/test_episode_pinned.py).
     "062965d3942e7278": "b946c7714f1e17d7",
+    # issue 38's review: evolve/validation.py calls episode.is_outage instead of repeating its test, and best_member
+    # lets max() keep the first of equals instead of a tie-break key. Same members, scores and selection.
+    "9c904284a558f86b": "886d9a3c298f7182",
 }
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
 

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from trinity.config import Settings
-from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, play_episodes
+from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, is_outage, play_episodes
 from trinity.coordinator.head import ParamLayout
 from trinity.coordinator.roles import ROLES, Role, allowed_roles, coordinator_text, returned_answer, turn_of
 from trinity.records import Task
@@ -64,7 +64,7 @@ def score_members(tasks: Sequence[Task], pool, grade: Callable[[Task, str], floa
         scores, none, outages = [], 0, 0
         for t, r in zip(tasks, replies[idx * len(tasks):(idx + 1) * len(tasks)]):
             turn = turn_of(name, Role.WORKER, r)
-            if turn.failure == "transient":
+            if is_outage(turn):
                 outages += 1
                 continue
             answer = returned_answer((turn,))
@@ -77,8 +77,7 @@ def score_members(tasks: Sequence[Task], pool, grade: Callable[[Task, str], floa
 
 def best_member(members: dict[str, ValidationScore]) -> str:
     """The member with the highest validation accuracy (the first listed on a tie)."""
-    names = list(members)
-    return max(names, key=lambda n: (np.nan_to_num(members[n].accuracy, nan=-1.0), -names.index(n)))
+    return max(members, key=lambda n: np.nan_to_num(members[n].accuracy, nan=-1.0))  # max keeps the first
 
 
 WARM_START_MARGIN = 4.0
