@@ -169,3 +169,73 @@ def _open_and_report(path, q):
         q.put("opened")
     except RuntimeError as e:
         q.put(str(e))
+
+
+_FULL_DISK_SCRIPT = r'''
+import os, sys
+import numpy as np
+from trinity.records import ChatMessage, ChatResponse, SamplingParams
+from trinity.store import Store
+
+d = sys.argv[1]
+msgs, sp = [ChatMessage("user", "hi")], SamplingParams(max_tokens=8)
+s = Store(os.path.join(d, "s.duckdb"))
+s.put_response("kept", "m", "worker", msgs, sp, ChatResponse(text="before the disk filled"))
+filler = os.path.join(d, "filler")
+with open(filler, "wb") as f:
+    try:
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+    except OSError:
+        pass
+errors, failed = [], None
+for i in range(50):   # the WAL grows until a write meets the full disk
+    try:
+        s.put_response(f"big{i}", "m", "worker", msgs, sp, ChatResponse(text="x" * 20000))
+    except Exception as e:
+        errors.append(f"{type(e).__name__}: {e}")
+        failed = f"big{i}"
+        break
+try:
+    s.put_states("enc", [f"s{i}" for i in range(64)], np.ones((64, 4096), np.float32))
+except Exception as e:
+    errors.append(f"{type(e).__name__}: {e}")
+segments = sorted(os.listdir(s.segments_dir)) if s.segments_dir.exists() else []
+os.remove(filler)
+s.put_response("after", "m", "worker", msgs, sp, ChatResponse(text="space again"))
+s.close()
+with Store(os.path.join(d, "s.duckdb")) as again:
+    print(repr({"errors": errors, "segments": segments, "states": again.state_count(), "failed": failed,
+                "kept": [k for k in ("kept", "after", failed) if k and again.get_response(k)]}))
+'''
+
+
+def test_full_disk_surfaces_its_own_error_and_keeps_nothing_partial(tmp_path):
+    """A full disk fails the COMMIT; the error the caller sees is "No space left on device" (not the ROLLBACK's
+    "no transaction is active" that hid it), a state segment whose index rows could not commit is removed, and
+    the store works again once space is freed, with what was committed before. A real tiny tmpfs, mounted in a
+    private mount namespace."""
+    import ast
+    import shutil
+    import subprocess
+    import sys
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-r", "-m"]
+    if shutil.which("unshare") is None or subprocess.run([*unshare, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a private mount namespace (unshare -m) to mount a tiny tmpfs")
+    script = tmp_path / "full_disk.py"
+    script.write_text(_FULL_DISK_SCRIPT)
+    out = subprocess.run([*unshare, "sh", "-c", f'mount -t tmpfs -o size=3M tmpfs "{mnt}" && '
+                          f'"{sys.executable}" "{script}" "{mnt}"'], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert len(result["errors"]) == 2, result
+    assert all("No space left on device" in e for e in result["errors"]), result["errors"]
+    assert not any("no transaction is active" in e for e in result["errors"]), result["errors"]
+    assert result["segments"] == [], "a segment no committed row points at was left behind"
+    assert result["failed"] is not None
+    assert result["kept"] == ["kept", "after"], "the failed write must be absent, the others kept"
+    assert result["states"] == 0

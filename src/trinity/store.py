@@ -24,6 +24,7 @@ in memory only and counts it in `unsaved_writes`: nothing is lost from the file,
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,7 +34,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import duckdb
 import numpy as np
@@ -230,6 +231,23 @@ class Store:
         failure at all under retry_failures. An old row of unknown failure kind counts as an outage."""
         return resp.ok or (resp.is_sample and not self.retry_failures)
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction (the caller holds `_lock`). When the COMMIT itself fails (a full disk: "No space
+        left on device"), DuckDB has already ended the transaction and a ROLLBACK would raise "no transaction is
+        active", hiding the real error: the error raised is always the first one, with the rollback's failure
+        noted on it. Nothing of the failed transaction is kept."""
+        self.con.execute("BEGIN")
+        try:
+            yield
+            self.con.execute("COMMIT")
+        except BaseException as first:
+            try:
+                self.con.execute("ROLLBACK")
+            except duckdb.Error as rollback_error:
+                first.add_note(f"[store] {self.path}: the write was not kept (rollback: {rollback_error})")
+            raise
+
     def get_response(self, key: str) -> ChatResponse | None:
         return self._responses.get(key)
 
@@ -243,8 +261,7 @@ class Store:
                 self._responses[key] = resp
             return
         with self._lock:
-            self.con.execute("BEGIN")
-            try:
+            with self._transaction():
                 if resp.is_sample:
                     self.con.execute(
                         "INSERT OR REPLACE INTO responses (key, model_id, role, messages, sampling, text, ok, error, "
@@ -259,10 +276,6 @@ class Store:
                         "cost_usd, latency_s) VALUES (?,?,?,?,?,?,?,?,?)",
                         [key, model_id, role, resp.failure, resp.error, resp.prompt_tokens, resp.completion_tokens,
                          resp.cost_usd, resp.latency_s])
-                self.con.execute("COMMIT")
-            except BaseException:
-                self.con.execute("ROLLBACK")
-                raise
             if self._serves(resp):
                 self._responses[key] = resp
             else:
@@ -344,11 +357,11 @@ class Store:
         with self._lock:
             self.con.register("_new_states", tbl)
             try:
-                self.con.execute("BEGIN")
-                self.con.execute("INSERT OR REPLACE INTO states SELECT encoder_id, key, dim, segment, row FROM _new_states")
-                self.con.execute("COMMIT")
+                with self._transaction():
+                    self.con.execute("INSERT OR REPLACE INTO states SELECT encoder_id, key, dim, segment, row "
+                                     "FROM _new_states")
             except BaseException:
-                self.con.execute("ROLLBACK")
+                (self.segments_dir / name).unlink(missing_ok=True)  # no row points at it: leave nothing partial
                 raise
             finally:
                 self.con.unregister("_new_states")
@@ -381,13 +394,9 @@ class Store:
         with self._lock:
             self.con.register("_new_episodes", tbl)
             try:
-                self.con.execute("BEGIN")
-                self.con.execute("INSERT OR REPLACE INTO episodes SELECT run_id, generation, candidate, task_id, path, "
-                                 "reward, correct, cost_usd FROM _new_episodes")
-                self.con.execute("COMMIT")
-            except BaseException:
-                self.con.execute("ROLLBACK")
-                raise
+                with self._transaction():
+                    self.con.execute("INSERT OR REPLACE INTO episodes SELECT run_id, generation, candidate, task_id, "
+                                     "path, reward, correct, cost_usd FROM _new_episodes")
             finally:
                 self.con.unregister("_new_episodes")
 
