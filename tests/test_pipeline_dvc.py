@@ -181,12 +181,12 @@ def test_the_store_is_the_checkouts_own_or_the_one_named_explicitly(tmp_path, mo
 DVC_OUTPUTS = ("data/prepared/train.jsonl", "data/prepared/in_distribution.jsonl", "data/prepared/heldout.jsonl",
                "data/prepared/validation.jsonl",
                "data/encode/root_states.parquet", "data/checkpoints/coordinator.npy",
-               "data/checkpoints/coordinator.json", "data/evolve/history.json", "data/eval/episodes.jsonl",
+               "data/checkpoints/coordinator.json", "data/eval/episodes.jsonl",
                "data/eval/results.json")
 METRICS = ("reports/metrics/prepare.json", "reports/metrics/encode.json", "reports/metrics/evolve.json",
-           "reports/metrics/router.json", "reports/metrics/evaluate.json")
+           "reports/metrics/router.json", "reports/metrics/evaluate.json", "data/evolve/history.json")
 """What the pipeline writes under data/ (git-ignored): DVC's cache and remote carry every one of them. The stages'
-metrics (`METRICS`) are in git instead."""
+metrics and evolve's fitness history, which `dvc plots show` reads (`METRICS`), are in git instead."""
 
 
 def test_metrics_are_in_git_so_a_fresh_clone_shows_them_without_a_pull(repo, tmp_path):
@@ -215,6 +215,10 @@ def test_metrics_are_in_git_so_a_fresh_clone_shows_them_without_a_pull(repo, tmp
     table = _sh(["dvc", "exp", "show", "--no-pager", "--md", "--drop", ".*", "--keep", "Experiment|saved_fitness"],
                 clone, env)
     assert "!" not in table, table
+    r = subprocess.run(["dvc", "plots", "show", "--json", "-o", str(tmp_path / "plots")], cwd=clone, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "errors" not in json.loads(r.stdout), r.stdout  # the fitness curve: data/evolve/history.json is in git
     print(f"\n[dvc] a fresh clone's exp show:\n{table}")
 
 
