@@ -483,27 +483,34 @@ def test_direct_member_calls_bypass_the_coordinator_and_are_stored(setup, client
     assert fake.request_count == n0 + 1  # the repeat came from the store
 
 
-def test_a_client_leaving_mid_stream_leaves_the_server_healthy(setup, client):
+def test_a_client_leaving_mid_stream_cancels_its_remaining_turns_and_leaves_the_server_healthy(setup, client):
     fake = setup["fake"]
     q = "What is 14 times 3?"
+    other = client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": "What is 2 + 40?"}])
+    assert other.choices[0].message.content == worker_reply("What is 2 + 40?")  # (and the encoder is warm)
     n0 = fake.request_count
-    _fail_next(fake, "fake-a", ["latency:1.5"] * 3)
+    _fail_next(fake, "fake-a", ["latency:1.5"])
     with _http(setup) as http:
         with http.stream("POST", "/chat/completions",
                          json={"model": "trinity", "stream": True, "messages": [{"role": "user", "content": q}]}) as r:
-            first = next(r.iter_lines())
-            assert first.startswith("data: ")
-        # the connection is closed here, mid-episode
+            lines = r.iter_lines()  # (kept: a line iterator dropped closes the stream)
+            assert next(lines).startswith("data: ")
+            deadline = time.time() + 120
+            while fake.request_count == n0 and time.time() < deadline:  # the first call is on the wire (1.5 s)
+                time.sleep(0.05)
+            assert fake.request_count == n0 + 1
+        # the connection is closed here, during the episode's first call
         assert http.get("/models").status_code == 200
-    other = client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": "What is 2 + 40?"}])
-    assert other.choices[0].message.content == worker_reply("What is 2 + 40?")
+    health = setup["server"].base_url.removesuffix("/v1") + "/health"
     deadline = time.time() + 60
-    while fake.request_count < n0 + 6 and time.time() < deadline:  # the abandoned episode finishes in the background
+    while httpx.get(health, timeout=30).json()["in_flight"] and time.time() < deadline:  # the first call returns
         time.sleep(0.2)
-    assert fake.request_count == n0 + 6
+    assert httpx.get(health, timeout=30).json()["in_flight"] == 0
+    assert fake.request_count == n0 + 1  # the call in flight finished; no further turn started
     again = client.chat.completions.create(model="trinity", messages=[{"role": "user", "content": q}])
     assert again.choices[0].message.content == worker_reply(q)
-    assert fake.request_count == n0 + 6  # the abandoned episode's calls were made once, and kept
+    assert [t["stored"] for t in again.model_extra["trinity"]["turns"]] == [True, False, False]
+    assert fake.request_count == n0 + 3  # the abandoned episode's call was kept: asking again paid the rest only
 
 
 def test_zz_shutdown_the_key_is_nowhere_and_the_trace_renders(setup, capsys, monkeypatch):

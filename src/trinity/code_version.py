@@ -66,6 +66,10 @@ COMPATIBLE_REFACTORS: dict[str, str] = {
     # issue 38's review: evolve/validation.py calls episode.is_outage instead of repeating its test, and best_member
     # lets max() keep the first of equals instead of a tie-break key. Same members, scores and selection.
     "9c904284a558f86b": "886d9a3c298f7182",
+    # issue 39: the store's writes share one transaction helper so a failed COMMIT (a full disk) raises its own
+    # error instead of the ROLLBACK's "no transaction is active", and a state segment whose index rows could not
+    # commit is removed. What a successful write stores, and every key, are unchanged (tests/test_store.py).
+    "d6f0659fdbaee48e": "9c904284a558f86b",
 }
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
 

@@ -15,14 +15,20 @@ bench/serve_load.py all take.
 - `Coordinator`: a checkpoint + params loaded once (pool, encoder, response store, head). `answer(task)` plays one
   argmax episode (the training loop, `play_episodes`); concurrent calls share the pool (stored or in-flight
   requests cost no call), the encoder and the store. A repeated conversation replays stored responses and states:
-  no pool call, no encoding. Every episode's trace is kept in the store (`trinity.serving.traces`).
+  no pool call, no encoding. Every episode's trace is kept in the store (`trinity.serving.traces`), for
+  TRINITY_TRACE_RETENTION_DAYS when set.
   Threads: an episode's loop runs on a thread of its own (the encoder's forward passes would otherwise hold the
   caller's event loop, e.g. every other request of the server); its pool requests run on the process's HTTP loop
   (`trinity.pool.http_loop`), which alone owns the pool's calls (HTTP clients, in-flight calls, store writes), and
   encodes take turns on one lock.
+- `StopSignal`: asks an episode, from any thread, to start no further turn (the server: its client left, its
+  deadline passed, the server stops). Every turn starts with its state lookup (`play_episodes` step 1), which
+  refuses once the signal is set; the turn in flight is not interrupted: its call finishes and is stored (a
+  concurrent request may share it), so asking again replays it.
 - `EpisodeResult`: the answer (`roles.latest_answer`), who gave it, the turns with their recorded usage, and its
-  outcome: answered, a pool failure (no answer, and a member's call failed: the members and reasons), or no
-  answer (the coordinator ended the episode without a successful Worker turn).
+  outcome: answered, a pool failure (no answer, and a member's call failed: the members and reasons), no answer
+  (the coordinator ended the episode without a successful Worker turn), or cancelled (stopped by its
+  `StopSignal` before its end: no answer, the turns it played are traced).
 """
 from __future__ import annotations
 
@@ -191,7 +197,31 @@ class TurnRecord:
         return {**self.summary(), "text": self.text}
 
 
-ANSWERED, POOL_FAILURE, NO_ANSWER = "answered", "pool_failure", "no_answer"
+ANSWERED, POOL_FAILURE, NO_ANSWER, CANCELLED = "answered", "pool_failure", "no_answer", "cancelled"
+
+
+class StopSignal:
+    """A request, from any thread, that an episode start no further turn (`Coordinator.answer`). The first reason
+    given is kept (it becomes the cancelled episode's reason)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._set = threading.Event()
+        self.reason: str | None = None
+
+    def stop(self, reason: str) -> None:
+        with self._lock:
+            if not self._set.is_set():
+                self.reason = reason
+                self._set.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._set.is_set()
+
+
+class _TurnRefused(Exception):
+    """Raised on an episode's thread when its next turn would start after its `StopSignal` was set."""
 
 
 @dataclass
@@ -207,6 +237,9 @@ class EpisodeResult:
     checkpoint: str
     answer_format: str
     max_tokens: int | None = None
+    cancelled: str | None = None
+    """Why the episode was stopped before its end (`StopSignal`): its remaining turns were not played, and it has
+    no answer. None: it played to its end."""
 
     @property
     def answer_turn(self) -> TurnRecord | None:
@@ -230,8 +263,9 @@ class EpisodeResult:
 
     @property
     def deterministic(self) -> bool:
-        """Whether asking again gives the same outcome: no answer, and no call failed for an outage."""
-        return self.outcome != ANSWERED and not any(t.failure == "transient" for t in self.turns if not t.ok)
+        """Whether asking again gives the same outcome: no answer, not cancelled, and no call failed for an outage."""
+        return self.outcome not in (ANSWERED, CANCELLED) and not any(
+            t.failure == "transient" for t in self.turns if not t.ok)
 
     @property
     def failures(self) -> list[tuple[str, str]]:
@@ -240,6 +274,8 @@ class EpisodeResult:
 
     @property
     def outcome(self) -> str:
+        if self.cancelled is not None:
+            return CANCELLED
         if self.answer is not None:
             return ANSWERED
         return POOL_FAILURE if self.failures else NO_ANSWER
@@ -247,6 +283,8 @@ class EpisodeResult:
     @property
     def reason(self) -> str | None:
         """Why there is no answer (None when there is one)."""
+        if self.outcome == CANCELLED:
+            return f"stopped after {len(self.turns)} turn(s): {self.cancelled}"
         if self.outcome == POOL_FAILURE:
             return "; ".join(f"pool member {m!r} failed: {why}" for m, why in self.failures)
         if self.outcome == NO_ANSWER:
@@ -280,19 +318,30 @@ class EpisodeResult:
                 "conversation": {"history": [list(h) for h in self.task.history], "query": self.task.query}}
 
 
-class _SerialStates:
-    """The StateCache for episodes on several threads: one lookup (and so one encode) at a time."""
+class _EpisodeStates:
+    """The StateCache one episode reads on its thread: one lookup (and so one encode) at a time across episodes,
+    and the episode's turn gate. Every turn starts with a lookup (`play_episodes` step 1: encode, then pick, then
+    call), so once `stop` is set the lookup raises `_TurnRefused` — checked before the lock, after it and after the
+    encode — and no further call of the episode is made."""
 
-    def __init__(self, states, lock: threading.Lock):
-        self._states, self._lock = states, lock
+    def __init__(self, states, lock: threading.Lock, stop: StopSignal | None = None):
+        self._states, self._lock, self._stop = states, lock, stop
 
     @property
     def dim(self) -> int:
         return self._states.dim
 
+    def _gate(self) -> None:
+        if self._stop is not None and self._stop.stopped:
+            raise _TurnRefused(self._stop.reason)
+
     def lookup(self, keys, render, adapter=None):
+        self._gate()
         with self._lock:
-            return self._states.lookup(keys, render, adapter)
+            self._gate()
+            found = self._states.lookup(keys, render, adapter)
+        self._gate()
+        return found
 
 
 def _ungraded(task: Task, answer: str) -> float:
@@ -308,7 +357,7 @@ class Coordinator:
         """`checkpoint`: the trained policy (`policy.Policy.load`), checked against `settings` and the encoder
         (`Policy.check`: a `policy.CheckpointError` when it does not fit them)."""
         from trinity.pool.runtime import build_pool
-        from trinity.serving.traces import TraceLog
+        from trinity.serving.traces import TraceLog, retention_days_from_env
 
         checkpoint.check(settings)  # before the pool and the encoder are built
         self.settings = settings
@@ -325,7 +374,7 @@ class Coordinator:
             "params": hashlib.sha256(np.ascontiguousarray(checkpoint.params, dtype=np.float64).tobytes()).hexdigest(),
             "features": checkpoint.meta.get("features"), "encoder": self.encoder.encoder_id,
             "pool": repr(self.pool.signature()), "coordinator": settings.coordinator.model_dump()})[:16]
-        self.traces = TraceLog(store)
+        self.traces = TraceLog(store, retention_days=retention_days_from_env())  # pruned now and on each save
         self._owns_store = False
         self._states_lock = threading.Lock()
         self._episode_threads = ThreadPoolExecutor(max_workers=EPISODE_THREADS, thread_name_prefix="trinity-episode")
@@ -379,9 +428,11 @@ class Coordinator:
         return self.pool if max_tokens is None else self.pool.answers_capped(max_tokens)
 
     async def answer(self, task: Task, on_turn: Callable[[TurnRecord], None] | None = None,
-                     max_tokens: int | None = None) -> EpisodeResult:
+                     max_tokens: int | None = None, stop: StopSignal | None = None) -> EpisodeResult:
         """Play one argmax episode for `task`; `on_turn` sees each turn as its reply arrives. The trace is saved.
-        `max_tokens`: caps every Worker answer of the episode (a member's own lower cap still applies)."""
+        `max_tokens`: caps every Worker answer of the episode (a member's own lower cap still applies).
+        `stop`: once set, the episode starts no further turn and ends as CANCELLED (the turn in flight finishes
+        and is stored; the trace keeps the turns played)."""
         from trinity.coordinator.episode import Episode, play_episodes
         from trinity.coordinator.roles import allowed_roles
 
@@ -398,7 +449,7 @@ class Coordinator:
                 loop.call_soon_threadsafe(on_turn, rec)
 
         ep = Episode(task=task, candidate=0, rng=None)
-        states = _SerialStates(self.states, self._states_lock)
+        states = _EpisodeStates(self.states, self._states_lock, stop)
 
         def play() -> None:  # the episode's requests run on the pool's HTTP loop; its replies are traced
             with pool.observe(on_reply):
@@ -407,12 +458,16 @@ class Coordinator:
                                           roles=allowed_roles(self.settings.coordinator),
                                           answer_rule=self.settings.coordinator.answer_rule))
 
-        await loop.run_in_executor(self._episode_threads, play)
+        cancelled = None
+        try:
+            await loop.run_in_executor(self._episode_threads, play)
+        except _TurnRefused as refused:
+            cancelled = str(refused)
         fmt = next(k for k, v in ANSWER_FORMATS.items() if v == task.grader)
         result = EpisodeResult(episode_id=self.episode_id(task, max_tokens), task=task, turns=records,
-                               answer=ep.answer, verifier_first=ep.verifier_first,
+                               answer=None if cancelled is not None else ep.answer, verifier_first=ep.verifier_first,
                                episode_s=time.perf_counter() - t0, checkpoint=self.checkpoint_id, answer_format=fmt,
-                               max_tokens=max_tokens)
+                               max_tokens=max_tokens, cancelled=cancelled)
         self.traces.save(result.trace())
         return result
 

@@ -22,15 +22,32 @@ Routes:
   missing / empty / malformed messages 400, a field of the wrong type or a refused one (tools, structured outputs,
   logprobs, n > 1) 400 naming it, unknown model 404, body over `max_body_bytes` 413, a missing or wrong bearer
   token 401 (when `TRINITY_API_KEY` is set), a pool failure 502 (the members and reasons), an episode that ended
-  without an answer 500 (code `no_answer`). A failure that asking again would repeat (every 4xx, no answer, a
-  member's deterministic failure) carries `x-should-retry: false`, so the OpenAI SDKs do not retry it; a pool
-  outage carries `x-should-retry: true`.
+  without an answer 500 (code `no_answer`), too many requests in flight 429, a request past its deadline 504, an
+  episode cancelled while its client waited (the server stopping) 503. A failure that asking again would repeat
+  (every other 4xx, no answer, a member's deterministic failure) carries `x-should-retry: false`, so the OpenAI
+  SDKs do not retry it; a pool outage, a 429, a 504 and a 503 carry `x-should-retry: true`.
+
+Protection (`create_app`'s `max_in_flight` and `deadline_s`; `trinity serve --max-in-flight`, `--deadline-s`):
+- Admission: at most `max_in_flight` chat completions (episodes and direct member calls) run at once, counting
+  those whose clients have left until their last call returns. One more gets 429 at once (code
+  `too_many_requests_in_flight`) with `Retry-After` (about one request's time: the median duration of the last
+  finished ones, 1 to 60 s) and `x-should-retry: true`: the OpenAI SDKs wait that long and retry.
+- Deadline: a request not answered `deadline_s` after it arrived gets 504 (code `deadline_exceeded`; streaming: an
+  `error` event, then `data: [DONE]`), with the episode's id and the turns it played; the episode's remaining
+  turns are cancelled.
+- A client that disconnects (a non-streaming request's connection closed, or a stream dropped) cancels the
+  episode's remaining turns.
+- Cancelling (`conversation.StopSignal`) starts no further turn; the call in flight is not interrupted (a
+  concurrent request may share it): it finishes and is stored, like every call already paid, so asking again
+  replays them and pays only for the rest. The trace is kept with outcome `cancelled`. At shutdown every running
+  episode is cancelled the same way and the server waits (up to SHUTDOWN_WAIT_S) for the calls in flight.
+- Binding beyond loopback without an API key is refused (`check_exposure`) unless explicitly allowed
+  (`trinity serve --allow-unauthenticated`): anyone reaching the port could spend the pool's paid members.
 
 Concurrency: one process, one event loop, one `Coordinator` — one pool (requests stored or in flight are shared,
-not repeated), one encoder, one store (this process is its only writer). An episode runs as its own task: a client
-that disconnects does not cancel it (other requests may share its calls); it finishes and is stored, so asking
-again is served from the store. Episodes play on threads of their own (`Coordinator.answer`), so an encode never
-holds the event loop.
+not repeated), one encoder, one store (this process is its only writer). An episode runs as a task of its own
+(the request's handler waits for it, its client's disconnect and its deadline). Episodes play on threads of their
+own (`Coordinator.answer`), so an encode never holds the event loop.
 
 The API key is compared in constant time and never logged, traced or stored: it is registered with
 `tracking_redact` and every log line goes through its `RedactingFilter`.
@@ -39,23 +56,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import secrets
 import signal
+import statistics
 import sys
 import time
 import uuid
-from typing import Any
+from collections import deque
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trinity.serving.conversation import (ANSWERED, NO_ANSWER, ConversationError, Coordinator, EpisodeResult,
-                                          chat_messages, task_from_messages)
+from trinity.serving.conversation import (ANSWERED, CANCELLED, NO_ANSWER, ConversationError, Coordinator,
+                                          EpisodeResult, StopSignal, TurnRecord, chat_messages, task_from_messages)
 from trinity.serving.openai_request import IGNORED_FIELDS_HEADER, ChatRequest, RequestError, parse_chat_request
 from trinity.redact import RedactingFilter, redact_text, register_secret_env_names
 
@@ -64,27 +85,43 @@ log = logging.getLogger("trinity.serving.server")
 COORDINATOR_MODEL = "trinity"
 API_KEY_ENV = "TRINITY_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 1_000_000
+DEFAULT_MAX_IN_FLIGHT = 32
+"""Chat completions running at once by default (beyond: 429). Each episode holds one of the coordinator's
+EPISODE_THREADS threads and, per turn, a slot of its member's `max_concurrency`: raise it for a pool with many
+slots (a remote GPU server), lower it for the embedded CPU pool."""
+DEFAULT_DEADLINE_S = 600.0
+"""A request's deadline by default (beyond: 504): the OpenAI SDKs' default timeout, after which their client has
+left anyway."""
 SHUTDOWN_WAIT_S = 60.0
-"""At shutdown, how long episodes still running (their clients gone) may take to finish into the store."""
+"""At shutdown, how long the calls still in flight (their episodes cancelled) may take to finish into the store."""
+RETRY_AFTER_BOUNDS_S = (1, 60)
+"""A 429's Retry-After, in whole seconds: the median duration of the last finished requests, within these (the
+OpenAI SDKs honour up to 60 s)."""
+CLIENT_LEFT = "the client disconnected"
 
 
 class ApiError(Exception):
     """An error answered in the OpenAI shape. `retry`: whether asking again may succeed (the `x-should-retry`
-    header the OpenAI SDKs obey); None: no header (the client's default)."""
+    header the OpenAI SDKs obey); None: no header (the client's default). `retry_after_s`: the `Retry-After`
+    header (whole seconds)."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, extra: dict | None = None, retry: bool | None = None):
+                 code: str | None = None, extra: dict | None = None, retry: bool | None = None,
+                 retry_after_s: int | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code, self.extra = (
             status, message, type_, param, code, extra)
         if retry is None and 400 <= status < 500 and status not in (408, 409, 429):
             retry = False  # a client error is the same when asked again (the SDKs retry 408, 409 and 429)
         self.retry = retry
+        self.retry_after_s = retry_after_s
 
     def headers(self) -> dict[str, str]:
         h = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
         if self.retry is not None:
             h["x-should-retry"] = "true" if self.retry else "false"
+        if self.retry_after_s is not None:
+            h["Retry-After"] = str(self.retry_after_s)
         return h
 
     def body(self) -> dict:
@@ -105,8 +142,12 @@ def _content_pieces(text: str, words: int = 4) -> list[str]:
 
 
 def episode_error(result: EpisodeResult) -> ApiError:
-    """The API error of an episode without an answer: 502 for a pool failure, 500 for no answer; retryable only
-    when a call failed for an outage."""
+    """The API error of an episode without an answer: 502 for a pool failure, 500 for no answer, 503 for an episode
+    cancelled while its client still waited (the server stopping); retryable only when a call failed for an outage
+    or the episode was cancelled (asking again replays its stored turns)."""
+    if result.outcome == CANCELLED:
+        return ApiError(503, f"episode {result.episode_id} was {result.reason}", "server_error", code="cancelled",
+                        extra={"trinity": result.summary()}, retry=True)
     if result.outcome == NO_ANSWER:
         return ApiError(500, f"the coordinator ended episode {result.episode_id} without an answer: {result.reason}",
                         "server_error", code="no_answer", extra={"trinity": result.summary()}, retry=False)
@@ -114,6 +155,63 @@ def episode_error(result: EpisodeResult) -> ApiError:
     return ApiError(502, f"episode {result.episode_id}: no answer; {result.reason}", "upstream_error",
                     code="pool_failure", extra={"members": failed, "trinity": result.summary()},
                     retry=not result.deterministic)
+
+
+def deadline_error(episode_id: str, turns: list[TurnRecord], deadline_s: float) -> ApiError:
+    """The 504 of a request not answered within `deadline_s` (`turns`: those its episode played)."""
+    return ApiError(504, f"{episode_id} was not answered within the deadline of {deadline_s:g} s (trinity serve "
+                         f"--deadline-s): its remaining turns are cancelled; the {len(turns)} call(s) it made, and any "
+                         "in flight, are kept in the store, so asking again resumes from them", "timeout_error",
+                    code="deadline_exceeded", retry=True,
+                    extra={"trinity": {"episode_id": episode_id, "turns": [t.summary() for t in turns]}})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback interface: localhost or a loopback address (127.0.0.0/8, ::1). Any other name
+    or address (0.0.0.0, ::, a hostname) may be reachable from elsewhere."""
+    if host.strip().lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class ExposureError(ValueError):
+    """A server that would listen beyond loopback without an API key, not explicitly allowed."""
+
+
+def check_exposure(host: str, api_key: str | None, allow_unauthenticated: bool = False) -> None:
+    """ExposureError when serving on `host` would hand anyone who reaches it the pool's members: a host beyond
+    loopback, no API key, and no explicit `allow_unauthenticated`."""
+    if api_key or allow_unauthenticated or is_loopback(host):
+        return
+    raise ExposureError(f"refusing to serve on {host} without an API key: anyone who reaches it could spend the "
+                        f"pool's members. Set {API_KEY_ENV} (clients then send 'Authorization: Bearer <key>'), or "
+                        "pass --allow-unauthenticated to serve it open")
+
+
+class _EpisodeStream(StreamingResponse):
+    """An episode's server-sent events. However the response ends before the episode does — its client dropped
+    the stream (the stream is cancelled, or never started), or the server stops — the episode's remaining turns
+    are cancelled."""
+
+    def __init__(self, content, episode: asyncio.Task, stop: StopSignal, **kwargs):
+        super().__init__(content, **kwargs)
+        self.episode, self.stop = episode, stop
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.episode.done():
+                self.stop.stop(CLIENT_LEFT)
+
+
+async def _client_disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (its body has been read: nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def parse_request(body: Any, models: list[str]) -> ChatRequest:
@@ -129,15 +227,28 @@ def parse_request(body: Any, models: list[str]) -> ChatRequest:
 
 
 def create_app(coordinator: Coordinator, *, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
-    """The FastAPI app serving `coordinator`. `api_key`: the bearer token every request must carry (None: open)."""
-    running: set[asyncio.Task] = set()  # episodes and member calls in flight (a disconnect does not cancel them)
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+               deadline_s: float = DEFAULT_DEADLINE_S):
+    """The FastAPI app serving `coordinator`. `api_key`: the bearer token every request must carry (None: open).
+    `max_in_flight`: chat completions running at once (beyond: 429); `deadline_s`: a request's deadline (beyond:
+    504, the episode's remaining turns cancelled) — module doc, "Protection"."""
+    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise ValueError(f"max_in_flight (trinity serve --max-in-flight) must be an integer >= 1, "
+                         f"got {max_in_flight!r}")
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not math.isfinite(deadline_s) \
+            or deadline_s <= 0:
+        raise ValueError(f"deadline_s (trinity serve --deadline-s) must be a number of seconds > 0, got {deadline_s!r}")
+    running: dict[asyncio.Task, StopSignal | None] = {}  # episodes (their stop) and member calls in flight
+    finished_s: deque[float] = deque(maxlen=20)  # how long the last requests took (→ Retry-After)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        if running:  # at shutdown, episodes whose clients left finish into the store
-            log.info("waiting for %d episode(s) in flight", len(running))
+        if running:  # at shutdown: no further turn; the calls in flight finish into the store
+            log.info("cancelling %d request(s) in flight; waiting for their calls", len(running))
+            for stop in running.values():
+                if stop is not None:
+                    stop.stop("the server stopped")
             await asyncio.wait(list(running), timeout=SHUTDOWN_WAIT_S)
 
     app = FastAPI(title="Trinity", description="The trained coordinator as one OpenAI-compatible model",
@@ -199,7 +310,7 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
     @app.get("/health")
     async def health():
         return {"status": "ok", "models": models, "checkpoint": coordinator.checkpoint_id,
-                "in_flight": len(running)}
+                "in_flight": len(running), "max_in_flight": max_in_flight, "deadline_s": deadline_s}
 
     @app.get("/v1/models")
     async def list_models(request: Request):
@@ -214,15 +325,57 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
                            param="model", code="model_not_found")
         return model_card(model_id)
 
-    def track(coro) -> asyncio.Task:
-        """Run `coro` as a task of its own, kept until done: a client leaving does not cancel it."""
-        t = asyncio.ensure_future(coro)
-        running.add(t)
-        t.add_done_callback(running.discard)
+    def retry_after_s() -> int:
+        lo, hi = RETRY_AFTER_BOUNDS_S
+        return min(hi, max(lo, math.ceil(statistics.median(finished_s)))) if finished_s else lo
+
+    def admit(work: Callable[[], Any], stop: StopSignal | None = None) -> asyncio.Task:
+        """Start `work()` as a task of its own (kept until done), or a 429 when `max_in_flight` run already. No
+        await between the count and the start: the limit holds however many requests arrive at once."""
+        if len(running) >= max_in_flight:
+            wait = retry_after_s()
+            raise ApiError(429, f"{len(running)} requests are in flight, this server's limit (trinity serve "
+                                f"--max-in-flight {max_in_flight}): retry after {wait} s", "rate_limit_error",
+                           code="too_many_requests_in_flight", retry=True, retry_after_s=wait)
+        t0 = time.perf_counter()
+        t = asyncio.ensure_future(work())
+        running[t] = stop
+
+        def done(_):
+            running.pop(t, None)
+            finished_s.append(time.perf_counter() - t0)
+
+        t.add_done_callback(done)
         return t
 
-    def start_episode(task, max_tokens: int | None, on_turn=None) -> asyncio.Task:
-        return track(coordinator.answer(task, on_turn, max_tokens))
+    async def answered(work: asyncio.Task, request: Request, t0: float, stop: StopSignal | None,
+                       on_deadline: Callable[[], ApiError]):
+        """`work`'s result once done; `on_deadline()` raised when the request's deadline passes first; a 499 when
+        the client disconnects first. Either way `stop` (an episode's) cancels its remaining turns; a member call
+        (no stop) finishes into the store."""
+        left = asyncio.ensure_future(_client_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({work, left}, timeout=max(0.0, t0 + deadline_s - time.perf_counter()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the handler itself is cancelled (the server stops)
+            if stop is not None:
+                stop.stop("the request was cancelled")
+            raise
+        finally:
+            left.cancel()
+        if work in done:
+            return work.result()
+        if left in done:
+            if stop is not None:
+                stop.stop(CLIENT_LEFT)
+            log.info("%s before the answer: %s", CLIENT_LEFT,
+                     "the episode's remaining turns are cancelled" if stop is not None else "the call goes on")
+            raise ApiError(499, f"{CLIENT_LEFT} before the answer", code="client_closed_request")
+        if stop is not None:
+            stop.stop(f"the deadline of {deadline_s:g} s passed")
+        log.info("the deadline of %g s passed before the answer: %s", deadline_s,
+                 "the episode's remaining turns are cancelled" if stop is not None else "the call goes on")
+        raise on_deadline()
 
     def reply_headers(req: ChatRequest) -> dict[str, str]:
         return {IGNORED_FIELDS_HEADER: ",".join(req.ignored)} if req.ignored else {}
@@ -241,12 +394,20 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
             raise ApiError(400, str(e), param=e.param, code="invalid_messages") from None
         created = int(time.time())
         if req.model != COORDINATOR_MODEL:
-            return await member_completion(req, messages, created, t0)
+            return await member_completion(request, req, messages, created, t0)
+        stop = StopSignal()
+        episode_id = coordinator.episode_id(task, req.max_tokens)
         if req.stream:
-            return StreamingResponse(stream_episode(task, req, created, t0), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                              **reply_headers(req)})
-        result = await asyncio.shield(start_episode(task, req.max_tokens))
+            turns: asyncio.Queue = asyncio.Queue()
+            episode = admit(lambda: coordinator.answer(task, turns.put_nowait, req.max_tokens, stop), stop)
+            episode.add_done_callback(lambda _: turns.put_nowait(None))
+            return _EpisodeStream(stream_episode(episode, turns, stop, episode_id, req, created, t0), episode, stop,
+                                  media_type="text/event-stream",
+                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                           **reply_headers(req)})
+        played: list[TurnRecord] = []
+        episode = admit(lambda: coordinator.answer(task, played.append, req.max_tokens, stop), stop)
+        result = await answered(episode, request, t0, stop, lambda: deadline_error(episode_id, played, deadline_s))
         log_episode(result, t0)
         if result.outcome != ANSWERED:
             raise episode_error(result)
@@ -264,9 +425,13 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
                  result.episode_id, result.outcome, len(result.turns), result.summary()["fresh_replies"],
                  result.summary()["stored_replies"], result.answered_by, time.perf_counter() - t0)
 
-    async def member_completion(req: ChatRequest, messages, created: int, t0: float):
+    async def member_completion(request: Request, req: ChatRequest, messages, created: int, t0: float):
         model = req.model
-        turn = await asyncio.shield(track(coordinator.ask_member(model, messages, req.max_tokens)))
+        call = admit(lambda: coordinator.ask_member(model, messages, req.max_tokens))
+        turn = await answered(call, request, t0, None, lambda: ApiError(
+            504, f"the call to pool member {model!r} did not return within the deadline of {deadline_s:g} s (trinity "
+                 "serve --deadline-s): it goes on, and its reply is kept in the store, so asking again returns it",
+            "timeout_error", code="deadline_exceeded", retry=True))
         log.info("direct %s: %s, stored=%s, %.2fs", model, "ok" if turn.ok else "failed", turn.stored,
                  time.perf_counter() - t0)
         if not turn.ok:
@@ -300,13 +465,23 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
         return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
-    async def stream_episode(task, req: ChatRequest, created: int, t0: float):
-        queue: asyncio.Queue = asyncio.Queue()
-        episode = start_episode(task, req.max_tokens, queue.put_nowait)
-        episode.add_done_callback(lambda _: queue.put_nowait(None))
-        cid = f"chatcmpl-{coordinator.episode_id(task, req.max_tokens)}"
+    async def stream_episode(episode: asyncio.Task, turns: asyncio.Queue, stop: StopSignal, episode_id: str,
+                             req: ChatRequest, created: int, t0: float):
+        """The events of `episode` (its turns arrive on `turns`, then None); at the deadline an error event."""
+        cid = f"chatcmpl-{episode_id}"
         yield _sse(chunk(cid, created, COORDINATOR_MODEL, {"role": "assistant", "content": ""}))
-        while (turn := await queue.get()) is not None:
+        played: list[TurnRecord] = []
+        while True:
+            try:
+                turn = await asyncio.wait_for(turns.get(), timeout=max(0.0, t0 + deadline_s - time.perf_counter()))
+            except asyncio.TimeoutError:
+                stop.stop(f"the deadline of {deadline_s:g} s passed")
+                yield _sse(deadline_error(episode_id, played, deadline_s).body())
+                yield b"data: [DONE]\n\n"
+                return
+            if turn is None:
+                break
+            played.append(turn)
             yield _sse({**chunk(cid, created, COORDINATOR_MODEL, {}), "trinity": {"turn": turn.summary()}})
         try:
             result = episode.result()
@@ -354,14 +529,19 @@ def api_key_from_env() -> str | None:
 
 
 def run_server(coordinator: Coordinator, host: str = "127.0.0.1", port: int = 8000, *,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info",
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+               deadline_s: float = DEFAULT_DEADLINE_S, allow_unauthenticated: bool = False, log_level: str = "info",
                on_ready=None) -> None:
-    """Serve until interrupted (uvicorn, one worker: the store has one writer). `on_ready(port)` runs once bound."""
+    """Serve until interrupted (uvicorn, one worker: the store has one writer). `on_ready(port)` runs once bound.
+    An ExposureError (`check_exposure`) before anything is bound when `host` is beyond loopback without an API key
+    and not `allow_unauthenticated`."""
     import uvicorn
 
-    configure_logging(log_level)
     api_key = api_key_from_env()
-    app = create_app(coordinator, api_key=api_key, max_body_bytes=max_body_bytes)
+    check_exposure(host, api_key, allow_unauthenticated)
+    configure_logging(log_level)
+    app = create_app(coordinator, api_key=api_key, max_body_bytes=max_body_bytes, max_in_flight=max_in_flight,
+                     deadline_s=deadline_s)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level, access_log=True,
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
@@ -372,8 +552,14 @@ def run_server(coordinator: Coordinator, host: str = "127.0.0.1", port: int = 80
             await asyncio.sleep(0.05)
         if server.started:
             bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
-            log.info("serving %s on http://%s:%d/v1 (models: %s; auth %s)", coordinator.checkpoint_path, host, bound,
-                     ", ".join([COORDINATOR_MODEL, *coordinator.pool.names]), "on" if api_key else "off")
+            log.info("serving %s on http://%s:%d/v1 (models: %s; auth %s; at most %d in flight, deadline %g s; "
+                     "traces kept %s)", coordinator.checkpoint_path, host, bound,
+                     ", ".join([COORDINATOR_MODEL, *coordinator.pool.names]), "on" if api_key else "off",
+                     max_in_flight, deadline_s, f"{coordinator.traces.retention_days:g} days"
+                     if coordinator.traces.retention_days is not None else "forever")
+            if not api_key and not is_loopback(host):
+                log.warning("auth is off on %s (--allow-unauthenticated): anyone who reaches it can call the pool",
+                            host)
             if on_ready is not None:
                 on_ready(bound)
         await serving
