@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from trinity.serving.conversation import ANSWER_FORMATS  # light, as trinity.stages: torch loads only when a command runs
+from trinity.serving.traces import RETENTION_ENV
 from trinity.stages import STAGES
 
 EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE, EXIT_POOL_FAILURE, EXIT_NOT_FOUND, EXIT_FAILED = 0, 1, 2, 3, 4, 5
@@ -153,19 +154,25 @@ def trace(
     store: StoreOpt = None,
 ) -> None:
     """Render a stored episode (conversation, each turn's member, role, text, verdict, tokens, latency) from the
-    store, read-only (works while a server or a pipeline writes it)."""
+    store, read-only (works while a server or a pipeline writes it). Under TRINITY_TRACE_RETENTION_DAYS, older
+    episodes are not shown (their writer deletes them)."""
     from rich.console import Console
 
+    from trinity.config import ConfigError
     from trinity.store import Store
-    from trinity.serving.traces import TraceLog, render_trace
+    from trinity.serving.traces import TraceLog, render_trace, retention_days_from_env
 
     _, store_path = _paths(root, None, store)
+    try:
+        retention_days = retention_days_from_env()
+    except ConfigError as e:
+        _fail(str(e))
     try:
         st = Store(store_path, read_only=True)
     except (FileNotFoundError, RuntimeError) as e:
         _fail(str(e))
     try:
-        log = TraceLog(st)
+        log = TraceLog(st, retention_days=retention_days)
         if episode_id is None:
             rows = log.recent(limit)
             for eid, outcome, when in rows:
@@ -179,7 +186,10 @@ def trace(
     finally:
         st.close()
     if found is None:
-        _fail(f"no episode {episode_id!r} in {store_path} (`trinity trace` lists the stored ones)", EXIT_NOT_FOUND)
+        kept = f"; episodes older than {retention_days:g} days are not kept ({RETENTION_ENV})" \
+            if retention_days is not None else ""
+        _fail(f"no episode {episode_id!r} in {store_path} (`trinity trace` lists the stored ones{kept})",
+              EXIT_NOT_FOUND)
     if as_json:
         print(json.dumps(found, indent=2, ensure_ascii=False))
     else:
@@ -193,6 +203,21 @@ def serve(
     port: Annotated[int, typer.Option(help="port (0: any free port, printed when listening)", min=0, max=65535)] =
         8000,
     max_body_bytes: Annotated[int, typer.Option(help="larger request bodies get 413", min=1024)] = 1_000_000,
+    max_in_flight: Annotated[int, typer.Option(
+        help="chat completions running at once (episodes and direct member calls, until their last call returns); "
+             "one more gets 429 with Retry-After", min=1)] = 32,
+    deadline_s: Annotated[float, typer.Option(
+        help="seconds a request may take; beyond: 504 (streaming: an error event) and the episode's remaining turns "
+             "are cancelled (the calls it made stay in the store)")] = 600.0,
+    allow_unauthenticated: Annotated[bool, typer.Option(
+        "--allow-unauthenticated", help="serve beyond loopback (--host 0.0.0.0, ...) without TRINITY_API_KEY: refused "
+                                        "otherwise, since anyone who reaches the port could spend the pool's members")]
+        = False,
+    trace_retention_days: Annotated[Optional[float], typer.Option(
+        envvar=RETENTION_ENV, min=0,
+        help="delete stored conversations (the store's traces) older than this many days, at start and on each "
+             "new one; 0: keep them forever (the default). Same as the environment variable; `trinity trace` "
+             "reads the variable")] = None,
     log_level: Annotated[LogLevel, typer.Option(help="uvicorn / trinity log level")] = LogLevel("info"),
     root: RootOpt = Path("."),
     params: ParamsOpt = Path("params.yaml"),
@@ -202,16 +227,35 @@ def serve(
 ) -> None:
     """Serve the trained coordinator as an OpenAI-compatible endpoint: GET /v1/models, POST /v1/chat/completions
     (model "trinity" or a pool member's name; stream true for server-sent events). Set TRINITY_API_KEY to require
-    'Authorization: Bearer <key>'. This process must be the store's only writer."""
-    from trinity.serving.server import run_server
+    'Authorization: Bearer <key>' (required beyond loopback unless --allow-unauthenticated). A client that
+    disconnects cancels its episode's remaining turns. This process must be the store's only writer: it holds the
+    store's writer lock (<store>.writer.lock) while it serves, so a weekly-retrain run is refused meanwhile, and it
+    refuses to start (exit 2, naming the holder) while one runs."""
+    from trinity.serving.server import ExposureError, api_key_from_env, check_exposure, run_server
 
+    if not deadline_s > 0 or deadline_s == float("inf"):
+        _fail(f"--deadline-s must be a number of seconds > 0, got {deadline_s:g}")
+    try:
+        check_exposure(host, api_key_from_env(), allow_unauthenticated)  # before anything slow is loaded
+    except ExposureError as e:
+        _fail(str(e))
     _retry(retry_failures)
+    if trace_retention_days is not None:
+        os.environ[RETENTION_ENV] = f"{trace_retention_days:g}"  # read by the coordinator's trace log
 
     def ready(bound: int) -> None:
         print(f"trinity serve: listening on http://{host}:{bound}/v1", file=sys.stderr, flush=True)
 
-    with _load_coordinator(root, params, checkpoint, store, writer=True) as coordinator:
-        run_server(coordinator, host, port, max_body_bytes=max_body_bytes, log_level=log_level.value, on_ready=ready)
+    from trinity.ops.checkout_lock import StoreBusy, StoreLock
+
+    try:  # the store's writer lock, for as long as this serves: weekly-retrain's `dvc repro` writes the same store
+        store_lock = StoreLock(_paths(root, checkpoint, store)[1], f"trinity serve on {host}:{port}")
+    except StoreBusy as e:
+        _fail(f"{e}; this server would be a second writer: wait for it, or serve a copy of the store (--store)")
+    with store_lock, _load_coordinator(root, params, checkpoint, store, writer=True) as coordinator:
+        run_server(coordinator, host, port, max_body_bytes=max_body_bytes, max_in_flight=max_in_flight,
+                   deadline_s=deadline_s, allow_unauthenticated=allow_unauthenticated, log_level=log_level.value,
+                   on_ready=ready)
 
 
 @app.command()

@@ -3,8 +3,16 @@
 Providers change the model behind an endpoint without notice; the memo store would hide that (a stored reply is
 *the* sample for its request), so a nightly run evaluates with a fresh store of its own: every call is made again.
 It runs the evaluate stage's own code (`trinity.stages.evaluate`) with `NightlyPaths`, which read the pipeline's
-prepared splits and checkpoint but write the results, and the store, under `data/nightly/runs/<run>/` — never
-the DVC outputs under `data/eval/`.
+checkpoint but write the results, the store and the night's items under `data/nightly/runs/<run>/` — never the
+DVC outputs under `data/eval/`.
+
+The night's items are its own (`nightly_splits`): `items_per_benchmark` of every benchmark the evaluation names
+(params `data.in_distribution`, `data.heldout`), drawn with the prepare stage's seeded draw — so the pipeline's
+own evaluation items come first, and every night scores the same items — and never an item the checkpoint was
+trained or selected on (the prepared train and validation splits, by id and text). The pipeline evaluates only a
+few items per benchmark (2 with the shipped params), and a drop is called on at least `MIN_ITEMS_FOR_OUTCOME`
+paired items (below), so on the pipeline's items the nightly could never flag one; `check_items_per_benchmark`
+refuses fewer. A benchmark with fewer items than asked gives what it has (the night's first lines say so).
 
 Each evaluated night appends one record to `data/nightly/history.jsonl` (its run, checkpoint, every method's
 score per benchmark and per item, normalised to [0, 1] by the benchmark's scale, and whether it was flagged).
@@ -39,17 +47,85 @@ DROP_RESAMPLES = 2000
 DROP_SEED = 0
 
 
+DEFAULT_ITEMS_PER_BENCHMARK = 10
+"""flows/nightly_eval.py's default (prefect.yaml sets it too): a drop is flagged on 10 items when at least 4 of them
+turn wrong with none turning right (a mean drop of 0.4); 20 items call a drop of 0.2 (docs/operations.md)."""
+
+
 @dataclass(frozen=True)
 class NightlyPaths(Paths):
-    """The pipeline's paths, except that the evaluation's results and its store live in `run_dir`."""
+    """The pipeline's paths, except that the evaluation's items (`prepared`), results and store live in
+    `run_dir`."""
 
     run_dir: Path = Path("data/nightly/runs/unnamed")
+
+    @property
+    def prepared(self) -> Path: return self.run_dir / "prepared"
 
     @property
     def eval_dir(self) -> Path: return self.run_dir
 
     @property
     def store(self) -> Path: return self.run_dir / "store.duckdb"
+
+
+def check_items_per_benchmark(n) -> int:
+    """The nightly's items per benchmark: a whole number, at least MIN_ITEMS_FOR_OUTCOME (fewer paired items can
+    never show a drop)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < MIN_ITEMS_FOR_OUTCOME:
+        raise ValueError(f"items_per_benchmark must be a whole number >= {MIN_ITEMS_FOR_OUTCOME} (a drop is called "
+                         f"on at least {MIN_ITEMS_FOR_OUTCOME} paired items; fewer could never flag one), got {n!r}")
+    return n
+
+
+def nightly_splits(settings, prepared, items_per_benchmark: int):
+    """The night's items (module doc): a `Splits` whose train and validation are the prepared ones (what the
+    checkpoint was trained and selected on) and whose in_distribution and heldout hold up to `items_per_benchmark`
+    items of each evaluation benchmark of `settings.data`, none of them a prepared train or validation item.
+    Draws every item of a benchmark (-1) in the seeded order the prepare stage draws from, then keeps the first
+    `items_per_benchmark`: the same prefix a draw of that many gives, so the pipeline's items come first."""
+    from trinity.data.splits import Splits, _texts, assert_no_contamination, splits_from_settings
+
+    n = check_items_per_benchmark(items_per_benchmark)
+    d = settings.data
+    drawn = splits_from_settings(d, in_distribution={k: -1 for k in d.in_distribution},
+                                 heldout={k: -1 for k in d.heldout}, validation={})
+    seen = [*prepared.train, *prepared.validation]
+    excluded_ids = {t.id for t in seen}
+    excluded_texts = {x for t in seen for x in _texts(t)}
+
+    def first_n(tasks):
+        kept: dict[str, list] = {}
+        for t in tasks:
+            if t.id in excluded_ids or _texts(t) & excluded_texts:
+                continue
+            per = kept.setdefault(t.source, [])
+            if len(per) < n:
+                per.append(t)
+        return [t for per in kept.values() for t in per]
+
+    out = Splits(train=list(prepared.train), in_distribution=first_n(drawn.in_distribution),
+                 heldout=first_n(drawn.heldout), validation=list(prepared.validation))
+    assert_no_contamination(out.train, [*out.in_distribution, *out.heldout, *out.validation])
+    assert_no_contamination(out.validation, [*out.in_distribution, *out.heldout])
+    return out
+
+
+def items_by_benchmark(splits) -> dict[str, int]:
+    """benchmark → number of evaluation items (in_distribution and heldout)."""
+    counts: dict[str, int] = {}
+    for t in [*splits.in_distribution, *splits.heldout]:
+        counts[t.source] = counts.get(t.source, 0) + 1
+    return counts
+
+
+def write_nightly_splits(paths: "NightlyPaths", splits) -> None:
+    """The night's splits where the evaluate stage reads them (`NightlyPaths.prepared`)."""
+    from trinity.data.splits import save_tasks
+    from trinity.stages.paths import SPLIT_FILES
+
+    for split, name in SPLIT_FILES.items():
+        save_tasks(paths.prepared / name, getattr(splits, split))
 
 
 def nightly_dir(root: Path) -> Path:
