@@ -144,8 +144,11 @@ FULL_TRAIN := data.train.math500=40 data.train.mmlu=40 data.train.mbpp=40 \
 	data.in_distribution.math500=30 data.in_distribution.mmlu=30 data.in_distribution.mbpp=30 \
 	data.heldout.gsm8k=50 data.heldout.humaneval=50 \
 	evolve.popsize=8 evolve.episodes_per_candidate=12 evolve.generations=4 evolve.saved_fitness_tasks=6
+# What earlier sittings of this code paid for (replay/full_profile_partial, committed) is imported first: never paid twice.
+FULL_PARTIAL_DIR := replay/full_profile_partial
 run-full: setup setup-sandbox
 	@date +%s > $(VENV)/.full_profile_start
+	@if ls $(FULL_PARTIAL_DIR)/responses-*.parquet >/dev/null 2>&1; then $(VENV)/bin/trinity store import $(FULL_PARTIAL_DIR); fi
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/dvc exp run --name full $(foreach p,$(FULL_TRAIN),-S $(p))
 	$(PY) scripts/keep_profile.py full_profile --started "$$(cat $(VENV)/.full_profile_start)" $(foreach p,$(FULL_TRAIN),--set $(p))
 	@rm -f $(VENV)/.full_profile_start
