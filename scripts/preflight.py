@@ -207,12 +207,22 @@ def cpu_key() -> str:
 
 
 def llama_needs_build(args) -> bool:
-    """Whether setup will compile llama.cpp (the binding's wheel or llama-server is not cached for this CPU)."""
+    """Whether setup will compile llama.cpp: llama-server is not built for this CPU from this version (the record
+    scripts/build_llama_server.sh keeps beside it), or the goals need the in-process binding (`--in-process`: the
+    tests, the benches) and its wheel is not cached for this CPU."""
     cache = Path.home() / ".cache" / "trinity"
     key = args.cpu_key or cpu_key()
-    wheel = glob.glob(str(cache / "wheels" / f"cpu-{key}" / f"llama_cpp_python-{args.llama_version}-*.whl"))
     server = cache / "llama-server" / f"cpu-{key}" / "llama-server"
-    return not wheel or not os.access(server, os.X_OK)
+    record = server.with_name("llama-server.source")
+    try:
+        server_built = os.access(server, os.X_OK) and \
+            record.read_text().strip() == f"llama-cpp-python=={args.llama_version}"
+    except OSError:
+        server_built = False
+    if not getattr(args, "in_process", False):
+        return not server_built
+    wheel = glob.glob(str(cache / "wheels" / f"cpu-{key}" / f"llama_cpp_python-{args.llama_version}-*.whl"))
+    return not wheel or not server_built
 
 
 def _installable() -> bool:
@@ -507,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sandbox", action="store_true", help="goals that build/use BigCodeBench's grading venv")
     ap.add_argument("--pipeline", action="store_true", help="goals that run `dvc repro` / `dvc exp run`")
     ap.add_argument("--tests", action="store_true", help="goals that run the tests")
+    ap.add_argument("--in-process", action="store_true",
+                    help="goals that build llama.cpp's Python binding (setup-in-process: the tests, the benches)")
     ap.add_argument("--system-only", action="store_true", help="tools, compilers, bwrap only; nothing installable")
     ap.add_argument("--python", default=os.environ.get("PYTHON") or None, help="the Python 3.11 to use")
     ap.add_argument("--python310", default=os.environ.get("PYTHON310") or None, help="the Python 3.10 to use")

@@ -6,7 +6,7 @@ _tmp = tempfile.mkdtemp(prefix="trinity-test-")
 os.environ.setdefault("PREFECT_HOME", os.path.join(_tmp, "prefect"))
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # raise it on a busy machine
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # as flows/_bootstrap.py: one INFO line per task run is noise
 os.environ["DVC_NO_ANALYTICS"] = "1"
 os.environ["WANDB_MODE"] = "offline"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -196,6 +197,40 @@ def test_a_missing_server_build_is_a_config_error_naming_the_fix(monkeypatch, tm
     with pytest.raises(PoolConfigError):
         LlamaServerChatModel(settings.members[0])
     check_pool_config(PoolSettings.model_validate({"members": [SMOL], "local_engine": "in-process"}))  # no server
+
+
+def test_the_servers_build_not_the_binding_names_its_replies(monkeypatch, tmp_path):
+    """The key names the llama.cpp the server was built from (the record build_llama_server.sh keeps beside it), so
+    the default engine needs no binding: with llama-cpp-python not installed the key is the one it had when the
+    binding's version named it (stored replies keep their keys). One's own binary without a record is named by its
+    content; a malformed record is an error naming the file."""
+    from trinity.pool import local, llama_server
+
+    built = llama_server.server_binary()
+    record = built.with_name(built.name + llama_server.SOURCE_RECORD_SUFFIX)
+    assert record.read_text().strip() == "llama-cpp-python==0.3.36"
+    with_binding = pool_of(SMOL)
+    assert with_binding.members[0].request_identity(QUESTION, with_binding.sampling(0))["llama_cpp"] == "0.3.36"
+    monkeypatch.setattr(local, "binding_version", lambda: None)  # as after `make setup` without setup-in-process
+    check_pool_config(PoolSettings.model_validate({"members": [SMOL]}))
+    without = pool_of(SMOL)
+    assert without.key(0, QUESTION) == with_binding.key(0, QUESTION)
+    with pytest.raises(PoolConfigError, match=r"pool member 'smol': engine in-process needs llama-cpp-python.*"
+                                              r"make setup-in-process"):
+        check_pool_config(PoolSettings.model_validate({"members": [SMOL], "local_engine": "in-process"}))
+    with pytest.raises(PoolConfigError, match="runs in process .* needs llama-cpp-python"):
+        pool_of(SMOL, local_engine="in-process")
+
+    own = tmp_path / "my-llama-server"
+    own.write_bytes(built.read_bytes())
+    own.chmod(0o755)
+    monkeypatch.setenv("TRINITY_LLAMA_SERVER", str(own))
+    name = pool_of(SMOL).members[0].request_identity(QUESTION, with_binding.sampling(0))["llama_cpp"]
+    assert re.fullmatch(r"llama-server@sha256:[0-9a-f]{16}", name), name
+    own.with_name(own.name + ".source").write_text("0.3.36\n")
+    with pytest.raises(PoolConfigError, match=rf"{re.escape(str(own))}\.source: expected one line "
+                                              r"`llama-cpp-python==<version>`"):
+        pool_of(SMOL)
 
 
 def test_the_cores_are_split_between_the_served_models(monkeypatch):

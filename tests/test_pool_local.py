@@ -131,7 +131,7 @@ def test_verdict_grammar_is_in_the_key(monkeypatch):
     member, msgs = pool.members[0], role_messages(Role.WORKER, TASK, ())
     assert member.request_identity(msgs, pool.sampling(0, "worker")) == {
         "prompt_style": "chat", "stop": [], "n_ctx": SMOL.n_ctx, "n_threads": local.IN_PROCESS_THREADS,
-        "llama_cpp": local._llama_cpp_version()}
+        "llama_cpp": local.binding_version()}
     verifier = pool.sampling(0, "verifier")
     identity = member.request_identity(msgs, verifier)
     assert identity["grammar"] == local.verdict_grammar(verifier.max_tokens)

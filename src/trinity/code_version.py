@@ -70,6 +70,11 @@ COMPATIBLE_REFACTORS: dict[str, str] = {
     # error instead of the ROLLBACK's "no transaction is active", and a state segment whose index rows could not
     # commit is removed. What a successful write stores, and every key, are unchanged (tests/test_store.py).
     "d6f0659fdbaee48e": "9c904284a558f86b",
+    # issue 39: llama.cpp compiled once. A llama-server member's key names the server's build from the record beside
+    # the binary ("0.3.36", what the binding's version said before) instead of the binding's version, and the
+    # in-process engine is refused up front when the binding is not installed. Every key of a built server is
+    # unchanged (tests/test_pool_llama_server.py), and so is every request and reply.
+    "f431cf20e9fa3c3d": "d6f0659fdbaee48e",
 }
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
 

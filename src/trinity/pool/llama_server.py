@@ -10,7 +10,8 @@ limits and failure kinds, for local and remote members. A user's own server (lla
 box) is that same path, written as an `openai` member with its URL (README, "Point Trinity at real endpoints").
 
 The binary is built once per CPU by `scripts/build_llama_server.sh` (`make setup` runs it) from the llama.cpp that
-llama-cpp-python vendors, into ~/.cache/trinity/llama-server/cpu-<CPU_KEY>/ (env TRINITY_LLAMA_SERVER: another one).
+llama-cpp-python vendors, into ~/.cache/trinity/llama-server/cpu-<CPU_KEY>/ (env TRINITY_LLAMA_SERVER: another one),
+with the sources it came from recorded beside it (`server_build`): the binding itself is not needed to run or name it.
 
 Lifetime: a server lives as long as the process that started it. It is stopped at exit (atexit), and it dies with
 that process however the process dies, SIGKILL included: it is started from a thread that lives as long as the
@@ -50,11 +51,15 @@ from trinity.config import PoolMember, PoolSettings
 from trinity.pool.base import LoopLocalSemaphore
 from trinity.pool.errors import PoolConfigError
 from trinity.pool.openai_compat import OpenAICompatibleChatModel
-from trinity.pool.local import COMPLETION_STOP, LocalChatModel, _llama_cpp_version, completion_prompt, output_grammar
+from trinity.pool.local import COMPLETION_STOP, LocalChatModel, completion_prompt, output_grammar
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 
 BINARY_ENV = "TRINITY_LLAMA_SERVER"
 """A llama-server binary to use instead of this CPU's build in the cache."""
+SOURCE_RECORD_SUFFIX = ".source"
+"""Beside a binary build_llama_server.sh built (`llama-server.source`): the sources it came from,
+`llama-cpp-python==<version>` (the sdist whose vendored llama.cpp was compiled)."""
+SOURCE_RECORD_PREFIX = "llama-cpp-python=="
 LLAMA_SAMPLERS: dict[str, float] = {"top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0}
 """llama-cpp-python's sampler defaults, sent with every request so that the server samples as the in-process path."""
 CACHE_REUSE_TOKENS = 256
@@ -98,6 +103,39 @@ def server_binary() -> Path:
     if env:
         return Path(env).expanduser()
     return Path.home() / ".cache" / "trinity" / "llama-server" / f"cpu-{cpu_key()}" / "llama-server"
+
+
+_BUILDS: dict[tuple, str] = {}
+
+
+def server_build(binary: Path) -> str:
+    """Which llama.cpp `binary` is, as a response's store key names it (`"llama_cpp"` in `request_identity`).
+
+    A binary build_llama_server.sh built: the version of the llama-cpp-python sdist whose vendored llama.cpp it was
+    compiled from, read from the record beside it (e.g. "0.3.36", the name llama-cpp-python's own version gives the
+    binding's replies and the server's before it was recorded: stored responses keep their keys). One's own binary
+    with no record (TRINITY_LLAMA_SERVER): its content, "llama-server@sha256:<16 hex>" (llama.cpp built from a
+    tarball reports "build 0, commit unknown" to `--version`). Read once per file version."""
+    record = binary.with_name(binary.name + SOURCE_RECORD_SUFFIX)
+    stat = binary.stat()
+    record_stat = record.stat() if record.exists() else None
+    cache_key = (str(binary), stat.st_mtime_ns, stat.st_size,
+                 record_stat and (record_stat.st_mtime_ns, record_stat.st_size))
+    if cache_key not in _BUILDS:
+        if record_stat is not None:
+            text = record.read_text().strip()
+            if not text.startswith(SOURCE_RECORD_PREFIX) or not text[len(SOURCE_RECORD_PREFIX):]:
+                raise PoolConfigError(f"{record}: expected one line `{SOURCE_RECORD_PREFIX}<version>` (what "
+                                      f"scripts/build_llama_server.sh writes), found {text[:80]!r}: rebuild the "
+                                      f"server (delete {binary}, then `make setup`) or remove the record")
+            _BUILDS[cache_key] = text[len(SOURCE_RECORD_PREFIX):]
+        else:
+            digest = hashlib.sha256()
+            with open(binary, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            _BUILDS[cache_key] = f"llama-server@sha256:{digest.hexdigest()[:16]}"
+    return _BUILDS[cache_key]
 
 
 def binary_problem() -> str | None:
@@ -307,20 +345,24 @@ class LlamaServerChatModel(LocalChatModel):
     def __init__(self, member: PoolMember, global_limit: LoopLocalSemaphore | None = None, *,
                  member_limit: LoopLocalSemaphore | None = None):
         super().__init__(member)
-        problem = binary_problem()
-        if problem is not None:
-            raise PoolConfigError(f"pool member {member.name!r}: {problem}")
         self.spec = ServerSpec(binary=str(server_binary()), gguf=str(self.path), ctx_per_slot=member.n_ctx,
                                slots=member.max_concurrency, threads=member.n_threads or usable_cores())
-        # Slots and threads are left out: which calls share a batch shapes a reply too, and no setting fixes it.
-        self._identity = {
-            "prompt_style": "completion" if self.completion_style else "chat",
-            "stop": list(COMPLETION_STOP) if self.completion_style else [],
-            "n_ctx": member.n_ctx, "engine": "llama-server", "llama_cpp": _llama_cpp_version(),
-            "samplers": dict(LLAMA_SAMPLERS),
-        }
         self._limits = (global_limit, member_limit)
         self._client: _ServerClient | None = None
+
+    def _engine_identity(self) -> dict:
+        """The server's build (`server_build`, not the binding's version: the binding need not be installed) and
+        the sampler settings sent with every request. Slots and threads are left out: which calls share a batch
+        shapes a reply too, and no setting fixes it."""
+        problem = binary_problem()
+        if problem is not None:
+            raise PoolConfigError(f"pool member {self.name!r}: {problem}")
+        return {
+            "prompt_style": "completion" if self.completion_style else "chat",
+            "stop": list(COMPLETION_STOP) if self.completion_style else [],
+            "n_ctx": self.member.n_ctx, "engine": "llama-server", "llama_cpp": server_build(server_binary()),
+            "samplers": dict(LLAMA_SAMPLERS),
+        }
 
     def _client_of(self, server: ServerProcess) -> "_ServerClient":
         if self._client is None or self._client.member.base_url != server.base_url:

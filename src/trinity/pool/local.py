@@ -29,6 +29,7 @@ from typing import Sequence
 
 from trinity.config import PoolMember
 from trinity.pool.bundled import BUNDLED, gguf_sha256, resolve_gguf
+from trinity.pool.errors import PoolConfigError
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 
 class LoadedModels:
@@ -110,11 +111,16 @@ def output_grammar(sampling: SamplingParams) -> str | None:
     raise ValueError(f"local members have no grammar for output_format {sampling.output_format!r}")
 
 
-def _llama_cpp_version() -> str:
+IN_PROCESS_EXTRA = "in-process"
+"""The install extra that brings the binding (`pip install -e '.[in-process]'`; `make setup-in-process` builds it)."""
+
+
+def binding_version() -> str | None:
+    """The installed llama-cpp-python's version (None: not installed; the default engine does not need it)."""
     try:
         return importlib.metadata.version("llama_cpp_python")
     except importlib.metadata.PackageNotFoundError:
-        return "not-installed"
+        return None
 
 
 class LocalChatModel:
@@ -130,10 +136,21 @@ class LocalChatModel:
         """Readable name + the file's content hash: same name, other weights → other responses."""
         self.completion_style = member.prompt_style == "completion" or (spec is not None and not spec.chat)
         self.n_threads = member.n_threads or IN_PROCESS_THREADS
-        self._identity = {
+        self._identity = self._engine_identity()
+
+    def _engine_identity(self) -> dict:
+        """What of this member's engine keys every response (see the module doc); the binding's version here."""
+        version = binding_version()
+        if version is None:
+            raise PoolConfigError(
+                f"pool member {self.name!r} runs in process (engine: in-process), which needs llama-cpp-python, "
+                f"not installed in this environment: `make setup-in-process` (compiles it, ~13 min on 2 cores) or "
+                f"`pip install -e '.[{IN_PROCESS_EXTRA}]'`; or serve it with llama-server (engine: llama-server, "
+                f"the default, which `make setup` builds)")
+        return {
             "prompt_style": "completion" if self.completion_style else "chat",
             "stop": list(COMPLETION_STOP) if self.completion_style else [],
-            "n_ctx": member.n_ctx, "n_threads": self.n_threads, "llama_cpp": _llama_cpp_version(),
+            "n_ctx": self.member.n_ctx, "n_threads": self.n_threads, "llama_cpp": version,
         }
 
     def request_identity(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> dict:
