@@ -156,7 +156,8 @@ FULL_TRAIN := data.train.math500=40 data.train.mmlu=40 data.train.mbpp=40 \
 	data.in_distribution.math500=30 data.in_distribution.mmlu=30 data.in_distribution.mbpp=30 \
 	data.heldout.gsm8k=50 data.heldout.humaneval=50 \
 	evolve.popsize=8 evolve.episodes_per_candidate=12 evolve.generations=4 evolve.saved_fitness_tasks=6
-# What earlier sittings of this code paid for (replay/full_profile_partial, committed) is imported first: never paid twice.
+# What earlier sittings paid for (replay/full_profile_partial, when a sitting ends before the run does: make store-export
+# STORE_EXPORT_DIR=replay/full_profile_partial) is imported first: never paid twice.
 FULL_PARTIAL_DIR := replay/full_profile_partial
 run-full: setup setup-sandbox
 	@date +%s > $(VENV)/.full_profile_start
