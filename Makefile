@@ -16,9 +16,6 @@ WHEELS := $(HOME)/.cache/trinity/wheels/cpu-$(CPU_KEY)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 LLAMA_CPP_VERSION := 0.3.36
-# llama.cpp's sources (the llama-cpp-python sdist): downloaded once, here, for both builds (scripts/build_llama_server.sh
-# in every setup, which reads the same file, and the binding's wheel, only in setup-in-process)
-LLAMA_SDIST := $(HOME)/.cache/trinity/llama-server/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
 # torch's CPU build, by its local version: PyPI's plain torch==2.13.0 is, on Linux, the CUDA build (GBs of
 # nvidia-* wheels). It comes from a wheel directory pip is configured with (find-links) when one holds it, else from
 # PyTorch's CPU index; never from whatever a machine's pip configuration would pick for `torch==2.13.0`.
@@ -87,12 +84,10 @@ setup-in-process: $(IN_PROCESS_STAMP)
 
 $(IN_PROCESS_STAMP): $(SETUP_STAMP)
 	@if ! ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
-		if [ ! -f $(LLAMA_SDIST) ]; then d=$$(dirname $(LLAMA_SDIST)) && mkdir -p $$d && t=$$(mktemp -d $$d/.dl.XXXXXX) && \
-			$(PIP) download -q --no-deps --no-binary :all: -d $$t llama-cpp-python==$(LLAMA_CPP_VERSION) && \
-			mv -f $$t/$$(basename $(LLAMA_SDIST)) $(LLAMA_SDIST) && rm -rf $$t || exit 1; fi; \
+		sdist="$$(LLAMA_CPP_VERSION=$(LLAMA_CPP_VERSION) bash scripts/build_llama_server.sh --sdist)" || exit 1; \
 		echo "building llama-cpp-python $(LLAMA_CPP_VERSION) wheel into $(WHEELS) (once, ~13 min)"; \
 		mkdir -p $(WHEELS) && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel --no-cache-dir --no-deps -w $(WHEELS) \
-			$(LLAMA_SDIST); fi
+			"$$sdist"; fi
 	# this CPU's build, even over one a venv got elsewhere (same version number, other machine code); its
 	# dependencies are requirements.lock's, installed by setup
 	$(PIP) install -q --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl

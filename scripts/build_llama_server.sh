@@ -16,7 +16,9 @@
 # server is only spoken to over loopback HTTP. About 4 min on 2 cores.
 #
 # Usage: bash scripts/build_llama_server.sh        (env: JOBS=2, PIP=.venv/bin/pip, LLAMA_CPP_VERSION=0.3.36)
-# Build output goes to stderr; the last (and only) line on stdout is the binary's path.
+#        bash scripts/build_llama_server.sh --sdist   (only the sdist: downloaded once, its path printed; the
+#                                                       Makefile's binding wheel is built from the same file)
+# Build output goes to stderr; the last (and only) line on stdout is the binary's (or the sdist's) path.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,6 +36,28 @@ NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 exec 3>&1 1>&2  # the build talks on stderr; only the path goes to stdout
 
 built_from() { [ -x "$BIN" ] && [ "$(cat "$SOURCE_RECORD" 2>/dev/null)" = "$SOURCE" ]; }
+
+SDIST="$CACHE/sdist/llama_cpp_python-$VERSION.tar.gz"
+# The sdist alone, once: `--no-binary llama-cpp-python`, not `:all:`, which would build every build dependency of
+# the sdist's metadata step (scikit-build-core, hatchling, pluggy, ...) from source too: minutes on an empty pip
+# cache, where this takes seconds.
+ensure_sdist() {
+    if [ ! -f "$SDIST" ]; then
+        mkdir -p "$CACHE/sdist"
+        echo "downloading the llama-cpp-python $VERSION sdist"
+        local tmp
+        tmp="$(mktemp -d "$CACHE/sdist/.dl.XXXXXX")"
+        "$PIP" download -q "llama-cpp-python==$VERSION" --no-binary llama-cpp-python --no-deps -d "$tmp"
+        mv -f "$tmp/llama_cpp_python-$VERSION.tar.gz" "$SDIST"
+        rm -rf "$tmp"
+    fi
+}
+
+if [ "${1:-}" = "--sdist" ]; then
+    ensure_sdist
+    echo "$SDIST" >&3
+    exit 0
+fi
 
 if built_from; then
     echo "llama-server for this CPU (cpu-$CPU_KEY) already built from $SOURCE"
@@ -53,14 +77,7 @@ if [ -x "$BIN" ]; then
     echo "$BIN was built from $(cat "$SOURCE_RECORD" 2>/dev/null || echo 'unrecorded sources'), not $SOURCE: rebuilding"
 fi
 
-SDIST="$CACHE/sdist/llama_cpp_python-$VERSION.tar.gz"
-if [ ! -f "$SDIST" ]; then
-    echo "downloading the llama-cpp-python $VERSION sdist"
-    TMP_DL="$(mktemp -d "$CACHE/sdist/.dl.XXXXXX")"
-    "$PIP" download "llama-cpp-python==$VERSION" --no-binary :all: --no-deps -d "$TMP_DL"
-    mv -f "$TMP_DL/llama_cpp_python-$VERSION.tar.gz" "$SDIST"
-    rm -rf "$TMP_DL"
-fi
+ensure_sdist
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/llama-server-build.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT

@@ -123,11 +123,14 @@ def _venv_problem(exe: str, version: str) -> str | None:
 
 def _candidates(version: str) -> list[str]:
     home = Path.home()
+    # pyenv's and uv's own locations, where their settings move them (PYENV_ROOT, UV_PYTHON_INSTALL_DIR)
+    pyenv_root = Path(os.environ.get("PYENV_ROOT") or home / ".pyenv")
+    uv_pythons = Path(os.environ.get("UV_PYTHON_INSTALL_DIR") or home / ".local" / "share" / "uv" / "python")
     found = [f"python{version}"]
-    found += sorted(glob.glob(str(home / ".pyenv" / "versions" / f"{version}.*" / "bin" / f"python{version}")),
+    found += sorted(glob.glob(str(pyenv_root / "versions" / f"{version}.*" / "bin" / f"python{version}")),
                     key=_natural, reverse=True)
-    found += sorted(glob.glob(str(home / ".local" / "share" / "uv" / "python" / f"cpython-{version}.*" / "bin"
-                                  / f"python{version}")), key=_natural, reverse=True)
+    found += sorted(glob.glob(str(uv_pythons / f"cpython-{version}.*" / "bin" / f"python{version}")),
+                    key=_natural, reverse=True)
     found += [f"/usr/local/bin/python{version}", f"/usr/bin/python{version}", "python3"]
     return found
 
@@ -167,7 +170,7 @@ def find_python(version: str, explicit: str | None, var: str) -> tuple[str | Non
         venv_problems.append(f"Python {version} at {exe} {problem}")
     if venv_problems:
         return None, venv_problems[0]
-    return None, (f"Python {version} not found (python{version} on PATH, ~/.pyenv/versions/{version}.*, uv's, "
+    return None, (f"Python {version} not found (python{version} on PATH, pyenv's versions/{version}.* under $PYENV_ROOT or ~/.pyenv, uv's, "
                   f"/usr/bin): {fix}")
 
 

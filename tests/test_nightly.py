@@ -78,3 +78,45 @@ def test_on_the_nights_items_a_drop_fires_and_a_night_of_noise_does_not():
     assert not compare(_night("n1", base), _night("n4", even), 0.05).flagged
     # the same swap on the pipeline's own 2 items of the benchmark can never fire
     assert not compare(_night("n1", [1, 1]), _night("n2", [0, 0]), 0.05).flagged
+
+
+def _night_of(run: str, rows: dict[tuple[str, str], list[int]]) -> NightlyRecord:
+    scores: dict = {}
+    items: dict = {}
+    for (method, bench), right in rows.items():
+        scores.setdefault(method, {})[bench] = sum(right) / len(right)
+        items.setdefault(method, {})[bench] = {f"{bench}/{i}": float(v) for i, v in enumerate(right)}
+    return NightlyRecord(run=run, finished_at="t", checkpoint={}, splits={b: "heldout" for _, b in rows},
+                         scores=scores, items=items)
+
+
+def test_a_whole_night_of_noise_is_not_flagged_though_single_rows_look_like_drops():
+    """A night compares every method on every benchmark (6 x 9 = 54 rows with the default pool): at 5 % each,
+    noise alone makes some row look like a drop most nights. Holm's correction over the night's rows keeps the
+    night quiet, and a real swap on one row of that night still fires."""
+    import numpy as np
+
+    from trinity.evaluation.stats import paired_bootstrap
+
+    n = _shipped_items_per_benchmark()
+    rng = np.random.default_rng(7)
+    rows = [(f"method{m}", f"bench{b}") for m in range(6) for b in range(9)]
+    # two independent samples of the same policy (each item right with its own probability): the worst case of noise
+    p_right = {r: rng.uniform(0.2, 0.9, n) for r in rows}
+    base = {r: [int(x) for x in rng.random(n) < p_right[r]] for r in rows}
+    tonight = {r: [int(x) for x in rng.random(n) < p_right[r]] for r in rows}
+    # taken row by row, the interval rule alone calls several of these noise rows a drop
+    alone = [r for r in rows if (iv := paired_bootstrap(tonight[r], base[r], n_resamples=20000)).high < 0
+             and iv.estimate < -0.05]
+    assert len(alone) >= 2, alone
+    quiet = compare(_night_of("n1", base), _night_of("n2", tonight), 0.05)
+    assert quiet.family == len(rows) and not quiet.flagged, quiet.drops
+    assert "Holm-corrected over 54 rows" in quiet.message()
+    # the same night with a provider's swap on one member: 6 of its right answers on a benchmark turn wrong
+    swapped = dict(tonight)
+    swapped[rows[0]] = [0] * 6 + [1] * (n - 6)
+    base_swap = dict(base)
+    base_swap[rows[0]] = [1] * n
+    fired = compare(_night_of("n1", base_swap), _night_of("n3", swapped), 0.05)
+    assert [(d.method, d.benchmark) for d in fired.drops] == [rows[0]]
+    assert fired.drops[0].p_drop < 0.025 / len(rows)

@@ -31,6 +31,29 @@ def test_make_run_compiles_llama_cpp_once_and_the_tests_add_the_binding():
     test = dry_run("test")
     assert "build_llama_server.sh" in test and "pip wheel" in test  # the tests use the binding too
     assert test.index("build_llama_server.sh") < test.index("pip wheel")  # the sdist the server build fetched
+    assert "build_llama_server.sh --sdist" in test  # one download of the sources, written once
+
+
+def test_the_sources_are_downloaded_without_building_their_build_dependencies(tmp_path):
+    """`pip download --no-binary :all:` builds every build dependency of the sdist's metadata step from source
+    (scikit-build-core, hatchling, pluggy, ...): minutes on an empty pip cache, seen on a fresh HOME. Only the
+    sdist itself is asked for as source; a stand-in pip records what it is asked."""
+    args = tmp_path / "args"
+    pip = tmp_path / "pip"
+    pip.write_text(f'#!/bin/sh\necho "$@" > {args}\nwhile [ "$1" != "-d" ]; do shift; done\n'
+                   'touch "$2/llama_cpp_python-0.3.36.tar.gz"\n')
+    pip.chmod(0o755)
+    r = subprocess.run(["bash", str(BUILD), "--sdist"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "HOME": str(tmp_path), "PIP": str(pip)})
+    assert r.returncode == 0, r.stderr
+    sdist = tmp_path / ".cache/trinity/llama-server/sdist/llama_cpp_python-0.3.36.tar.gz"
+    assert r.stdout.strip() == str(sdist) and sdist.exists()
+    asked = args.read_text().split()
+    assert asked[asked.index("--no-binary") + 1] == "llama-cpp-python", asked
+    args.unlink()  # downloaded once: a second call asks pip nothing
+    assert subprocess.run(["bash", str(BUILD), "--sdist"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "HOME": str(tmp_path), "PIP": str(pip)}).stdout.strip() == str(sdist)
+    assert not args.exists()
     assert "llama-cpp-python" not in (ROOT / "requirements.lock").read_text().replace(
         "llama-cpp-python (0.3.36", "")  # only named in the header: `make setup` does not install it
 

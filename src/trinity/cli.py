@@ -79,7 +79,8 @@ def _params_path(root: Path, params: Path) -> Path:
     return _in_root(root, params)
 
 
-def _load_coordinator(root: Path, params: Path, checkpoint: Path | None, store: Path | None, *, writer: bool):
+def _load_coordinator(root: Path, params: Path, checkpoint: Path | None, store: Path | None, *, writer: bool,
+                      trace_retention_days: float | None = None):
     """Coordinator.load, with what fails while loading (params, checkpoint, a pool member's missing key, the encoder,
     a store another process writes) turned into exit code 2 and a one-line message."""
     from trinity.config import ConfigError
@@ -89,7 +90,8 @@ def _load_coordinator(root: Path, params: Path, checkpoint: Path | None, store: 
 
     ckpt, store_path = _paths(root, checkpoint, store)
     try:
-        return Coordinator.load(ckpt, _params_path(root, params), store_path, writer=writer)
+        return Coordinator.load(ckpt, _params_path(root, params), store_path, writer=writer,
+                                trace_retention_days=trace_retention_days)
     except (ConfigError, CheckpointError, PoolConfigError, FileNotFoundError, RuntimeError) as e:
         _fail(str(e))
 
@@ -240,8 +242,6 @@ def serve(
     except ExposureError as e:
         _fail(str(e))
     _retry(retry_failures)
-    if trace_retention_days is not None:
-        os.environ[RETENTION_ENV] = f"{trace_retention_days:g}"  # read by the coordinator's trace log
 
     def ready(bound: int) -> None:
         print(f"trinity serve: listening on http://{host}:{bound}/v1", file=sys.stderr, flush=True)
@@ -252,7 +252,8 @@ def serve(
         store_lock = StoreLock(_paths(root, checkpoint, store)[1], f"trinity serve on {host}:{port}")
     except StoreBusy as e:
         _fail(f"{e}; this server would be a second writer: wait for it, or serve a copy of the store (--store)")
-    with store_lock, _load_coordinator(root, params, checkpoint, store, writer=True) as coordinator:
+    with store_lock, _load_coordinator(root, params, checkpoint, store, writer=True,
+                                       trace_retention_days=trace_retention_days) as coordinator:
         run_server(coordinator, host, port, max_body_bytes=max_body_bytes, max_in_flight=max_in_flight,
                    deadline_s=deadline_s, allow_unauthenticated=allow_unauthenticated, log_level=log_level.value,
                    on_ready=ready)

@@ -40,6 +40,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from trinity.config import env_flag
 from trinity.files import atomic_open, atomic_path
 from trinity.records import ChatMessage, ChatResponse, SamplingParams, stable_hash
 
@@ -107,7 +108,7 @@ def response_key(model_id: str, messages: Sequence[ChatMessage], sampling: Sampl
 
 def retry_failures_from_env() -> bool:
     """TRINITY_RETRY_FAILURES=1: serve no stored failure (deterministic ones are asked again too)."""
-    return os.environ.get("TRINITY_RETRY_FAILURES", "").strip().lower() in ("1", "true", "yes")
+    return env_flag("TRINITY_RETRY_FAILURES")
 
 
 REPLAY_ENV = "TRINITY_REPLAY"
@@ -124,7 +125,7 @@ class ReplayMiss(RuntimeError):
 
 def replay_only() -> bool:
     """Whether this process replays (TRINITY_REPLAY=1): no LLM call, no encode."""
-    return os.environ.get(REPLAY_ENV, "").strip().lower() in ("1", "true", "yes")
+    return env_flag(REPLAY_ENV)
 
 
 def text_key(text: str) -> str:

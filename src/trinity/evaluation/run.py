@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from trinity.config import Settings
+from trinity.config import Settings, env_flag
 from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, is_outage, play_episodes
 from trinity.coordinator.policy import param_split
 from trinity.coordinator.router import ROUTER, router_settings
@@ -167,7 +167,7 @@ debugging: bench/eval_concurrency.py measures the default against it."""
 
 
 def one_at_a_time() -> bool:
-    return os.environ.get(ONE_AT_A_TIME_ENV, "").strip().lower() in ("1", "true", "yes")
+    return env_flag(ONE_AT_A_TIME_ENV)
 
 
 def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[Task]], pool, states: StateCache,

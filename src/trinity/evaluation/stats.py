@@ -102,6 +102,30 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, n_resamples: int
     return bootstrap_mean(x - y, n_resamples=n_resamples, seed=seed, level=level, clusters=clusters)
 
 
+def bootstrap_p_below_zero(values: Sequence[float], *, n_resamples: int = N_RESAMPLES, seed: int = 0) -> float:
+    """One-sided bootstrap p-value for "the mean of `values` is below 0": the share of resampled means at or above 0,
+    the observed sample counted among them ((k + 1) / (R + 1), never 0). Drawn from the same resamples as
+    `bootstrap_mean` with the same seed, so p < 0.025 is the 95 % interval's upper end below 0. Needs values."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or len(x) == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"bootstrap_p_below_zero needs a non-empty 1-d sequence of finite scores, got {x!r}")
+    means = _resample_means(x, n_resamples, seed)
+    return float((np.count_nonzero(means >= 0) + 1) / (n_resamples + 1))
+
+
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+    """Holm's step-down correction: which of a family of hypotheses are rejected with the family-wise error rate
+    at most `alpha` (the smallest p against alpha/m, the next against alpha/(m-1), ..., stopping at the first that
+    is not below its level). One hypothesis: p <= alpha, the uncorrected test."""
+    m = len(p_values)
+    rejected = [False] * m
+    for rank, i in enumerate(sorted(range(m), key=lambda j: p_values[j])):
+        if p_values[i] > alpha / (m - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
 def compare(interval: Interval) -> str:
     """'wins' when the paired interval of (coordinator - other) lies above 0, 'loses' below, else 'ties';
     'too few items' below MIN_ITEMS_FOR_OUTCOME paired items (the point estimate is still reported)."""

@@ -22,7 +22,13 @@ flagged for a (method, benchmark) — the coordinator's, or one member's alone, 
 that changed — when, over the items both nights scored, the mean paired difference (tonight − baseline) is
 below −threshold *and* its 95 % paired bootstrap interval lies below 0, over at least `MIN_ITEMS_FOR_OUTCOME`
 items (the rule of the evaluation report, `trinity.evaluation.stats`: fewer items cannot show a difference at the
-5 % level): a change that a few items' noise can explain is listed, not flagged. flows/nightly_eval.py runs this
+5 % level), *and* it survives Holm's correction over the night's family: every (method, benchmark) row compared on
+enough items (a night of 6 methods on 9 benchmarks is 54 tests; at 5 % each, noise alone would flag some row most
+nights). Each row's one-sided bootstrap p-value (share of resampled means at or above 0) is held against
+DROP_ALPHA / (rows not yet rejected), smallest first, so a night of noise is flagged with probability at most
+DROP_ALPHA whatever the pool's size; a single row is the plain interval rule. The price is power: with 54 rows,
+10 items per benchmark flag a row when 6 of them turn wrong with none turning right, 20 or 40 items when 7 do
+(one row alone: 4 of 10). A change that noise can explain is listed, not flagged. flows/nightly_eval.py runs this
 as a Prefect flow, publishes the comparison as artifacts and ends the run Failed when a drop is flagged.
 """
 from __future__ import annotations
@@ -34,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trinity.evaluation.results import EvalResults
-from trinity.evaluation.stats import MIN_ITEMS_FOR_OUTCOME, paired_bootstrap
+from trinity.evaluation.stats import MIN_ITEMS_FOR_OUTCOME, bootstrap_p_below_zero, holm, paired_bootstrap
 from trinity.stages.paths import Paths
 
 SUMMARY_ARTIFACT_KEY = "nightly-eval-summary"
@@ -43,13 +49,18 @@ SCORES_ARTIFACT_KEY = "nightly-eval-scores"
 
 ORACLE_PREFIX = "oracle:"
 """Oracle rows are derived in hindsight from the single members' rows: never compared on their own."""
-DROP_RESAMPLES = 2000
+DROP_RESAMPLES = 20000
+"""Resamples per row: enough that the smallest p-value (1 / 20001) clears Holm's first level for ~500 rows."""
 DROP_SEED = 0
+DROP_ALPHA = 0.025
+"""The night's family-wise error rate, one-sided: a single row is flagged exactly when its 95 % interval (two-sided,
+so 2.5 % above) lies below 0."""
 
 
 DEFAULT_ITEMS_PER_BENCHMARK = 10
-"""flows/nightly_eval.py's default (prefect.yaml sets it too): a drop is flagged on 10 items when at least 4 of them
-turn wrong with none turning right (a mean drop of 0.4); 20 items call a drop of 0.2 (docs/operations.md)."""
+"""flows/nightly_eval.py's default (prefect.yaml sets it too): with the default pool's 54 compared rows, a drop is
+flagged on 10 items when at least 6 of them turn wrong with none turning right (a mean drop of 0.6); 20 items call
+7 of 20 (0.35), 40 items 7 of 40 (0.175) (docs/operations.md)."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +247,8 @@ class ScoreChange:
     current: float | None
     paired: tuple[float, float, float, int] | None = None
     """(mean of tonight − baseline, 95 % interval low, high, items) over the items both nights scored."""
+    p_drop: float | None = None
+    """One-sided bootstrap p-value of "tonight is below the baseline" over those items (None: no paired items)."""
 
     @property
     def delta(self) -> float | None:
@@ -251,6 +264,8 @@ class Comparison:
     checkpoint_changed: bool
     changes: list[ScoreChange]
     drops: list[ScoreChange]
+    family: int = 0
+    """Rows compared on enough paired items: the size of the Holm family."""
 
     @property
     def flagged(self) -> bool:
@@ -260,8 +275,8 @@ class Comparison:
         if self.previous_run is None:
             return "first nightly evaluation: nothing to compare with yet"
         if not self.drops:
-            return (f"no score dropped by more than {self.threshold:.3f} (with a paired 95 % interval below 0) since "
-                    f"{self.previous_run}")
+            return (f"no score dropped by more than {self.threshold:.3f} (with a paired 95 % interval below 0, "
+                    f"Holm-corrected over {self.family} rows) since {self.previous_run}")
         def paired(d: ScoreChange) -> str:
             return f" (paired {d.paired[0]:+.3f} [{d.paired[1]:+.3f}, {d.paired[2]:+.3f}], {d.paired[3]} items)" \
                 if d.paired else ""
@@ -272,40 +287,46 @@ class Comparison:
 
 
 def _paired(previous: NightlyRecord, current: NightlyRecord, method: str, bench: str):
+    """((mean, low, high, items), p-value) of tonight − baseline over the items both scored, or (None, None)."""
     mine = current.items.get(method, {}).get(bench, {})
     theirs = previous.items.get(method, {}).get(bench, {})
     both = sorted(set(mine) & set(theirs))
     if not both:
-        return None
-    iv = paired_bootstrap([mine[i] for i in both], [theirs[i] for i in both], n_resamples=DROP_RESAMPLES,
-                          seed=DROP_SEED)
-    return (float(iv.estimate), float(iv.low), float(iv.high), len(both))
+        return None, None
+    a, b = [mine[i] for i in both], [theirs[i] for i in both]
+    iv = paired_bootstrap(a, b, n_resamples=DROP_RESAMPLES, seed=DROP_SEED)
+    p = bootstrap_p_below_zero([x - y for x, y in zip(a, b)], n_resamples=DROP_RESAMPLES, seed=DROP_SEED)
+    return (float(iv.estimate), float(iv.low), float(iv.high), len(both)), p
 
 
 def compare(previous: NightlyRecord | None, current: NightlyRecord, threshold: float) -> Comparison:
     """Tonight (`current`) against the baseline (`previous`, see `baseline_record`): a drop is flagged when the
-    paired mean over at least MIN_ITEMS_FOR_OUTCOME shared items is below −threshold and its interval lies below
-    0; records without per-item scores (older ones) fall back to the benchmark scores alone."""
+    paired mean over at least MIN_ITEMS_FOR_OUTCOME shared items is below −threshold, its interval lies below 0 and
+    its p-value survives Holm's correction over the night's rows (module doc); records without per-item scores
+    (older ones) fall back to the benchmark scores alone."""
     threshold = check_threshold(threshold)
     changes = []
     for method, per in current.scores.items():
         prev = previous.scores.get(method, {}) if previous else {}
         for bench in sorted(set(per) | set(prev)):
             split = current.splits.get(bench) or (previous.splits.get(bench, "") if previous else "")
-            paired = _paired(previous, current, method, bench) if previous else None
-            changes.append(ScoreChange(method, bench, split, prev.get(bench), per.get(bench), paired))
+            paired, p = _paired(previous, current, method, bench) if previous else (None, None)
+            changes.append(ScoreChange(method, bench, split, prev.get(bench), per.get(bench), paired, p))
+    family = [c for c in changes if c.paired is not None and c.paired[3] >= MIN_ITEMS_FOR_OUTCOME]
+    significant = {(c.method, c.benchmark) for c, r in zip(family, holm([c.p_drop for c in family], DROP_ALPHA))
+                   if r}
 
     def dropped(c: ScoreChange) -> bool:
         # a small tolerance: a score equal to the threshold's edge is not a drop because of float rounding
         if c.paired is not None:
-            return -c.paired[0] > threshold + 1e-9 and c.paired[2] < 0 and c.paired[3] >= MIN_ITEMS_FOR_OUTCOME
+            return -c.paired[0] > threshold + 1e-9 and c.paired[2] < 0 and (c.method, c.benchmark) in significant
         return c.delta is not None and -c.delta > threshold + 1e-9
 
     drops = [c for c in changes if dropped(c)]
     return Comparison(threshold=threshold, previous_run=previous.run if previous else None,
                       checkpoint_changed=bool(previous) and previous.checkpoint.get("run_fingerprint")
                       != current.checkpoint.get("run_fingerprint"),
-                      changes=changes, drops=drops)
+                      changes=changes, drops=drops, family=len(family))
 
 
 def _fmt(x: float | None) -> str:
@@ -320,6 +341,7 @@ def scores_table(comparison: Comparison) -> list[dict]:
              "paired_low": None if c.paired is None else round(c.paired[1], 4),
              "paired_high": None if c.paired is None else round(c.paired[2], 4),
              "paired_items": None if c.paired is None else c.paired[3],
+             "p_drop": None if c.p_drop is None else round(c.p_drop, 5),
              "dropped": (c.method, c.benchmark) in dropped} for c in comparison.changes]
 
 
@@ -334,15 +356,17 @@ def summary_markdown(current: NightlyRecord, comparison: Comparison) -> str:
              + (" (**changed since the previous night**)" if comparison.checkpoint_changed else ""),
              f"- baseline: {comparison.previous_run or 'none'} (the last night that was not flagged)",
              f"- drop threshold: {comparison.threshold:.3f} of a benchmark's scale, with the paired 95 % interval "
-             "of (tonight − baseline) below 0; every method is compared (a member's own row names the endpoint "
-             "that changed)",
+             f"of (tonight − baseline) below 0 and its one-sided p-value significant after Holm's correction over "
+             f"the {comparison.family} rows compared (family-wise {DROP_ALPHA}); every method is compared (a "
+             "member's own row names the endpoint that changed)",
              f"- results: `{current.results_path}`", "",
-             "| method | benchmark | split | score | baseline | delta | paired 95 % interval (items) |",
-             "|---|---|---|---|---|---|---|"]
+             "| method | benchmark | split | score | baseline | delta | paired 95 % interval (items) | p (one-sided) |",
+             "|---|---|---|---|---|---|---|---|"]
     dropped = {(d.method, d.benchmark) for d in comparison.drops}
     for c in comparison.changes:
         mark = " **drop**" if (c.method, c.benchmark) in dropped else ""
         iv = "—" if c.paired is None else f"[{c.paired[1]:+.3f}, {c.paired[2]:+.3f}] ({c.paired[3]})"
         lines.append(f"| {c.method} | {c.benchmark} | {c.split} | {_fmt(c.current)} | {_fmt(c.previous)} | "
-                     f"{'—' if c.delta is None else f'{c.delta:+.3f}'}{mark} | {iv} |")
+                     f"{'—' if c.delta is None else f'{c.delta:+.3f}'}{mark} | {iv} | "
+                     f"{'—' if c.p_drop is None else f'{c.p_drop:.4f}'} |")
     return "\n".join(lines) + "\n"

@@ -84,12 +84,11 @@ def member_problems(member: "PoolMember") -> list[str]:
             if problem is not None:
                 problems.append(f"pool member {member.name!r}: {problem}")
         else:
-            from trinity.pool.local import IN_PROCESS_EXTRA, binding_version
+            from trinity.pool.local import binding_problem
 
-            if binding_version() is None:
-                problems.append(f"pool member {member.name!r}: engine in-process needs llama-cpp-python, not "
-                                f"installed here: `make setup-in-process` (~13 min on 2 cores) or `pip install -e "
-                                f"'.[{IN_PROCESS_EXTRA}]'`; or engine: llama-server (the default)")
+            problem = binding_problem()
+            if problem is not None:
+                problems.append(f"pool member {member.name!r}: {problem}")
     return problems
 
 

@@ -123,6 +123,15 @@ def binding_version() -> str | None:
         return None
 
 
+def binding_problem() -> str | None:
+    """Why the in-process engine cannot run here (the binding is not installed, and how to install it), or None."""
+    if binding_version() is not None:
+        return None
+    return (f"engine in-process needs llama-cpp-python, not installed in this environment: `make setup-in-process` "
+            f"(compiles it, ~13 min on 2 cores) or `pip install -e '.[{IN_PROCESS_EXTRA}]'`; or engine: llama-server "
+            f"(the default, which `make setup` builds)")
+
+
 class LocalChatModel:
     """A pool member backed by a local GGUF file (bundled id or path)."""
 
@@ -140,13 +149,10 @@ class LocalChatModel:
 
     def _engine_identity(self) -> dict:
         """What of this member's engine keys every response (see the module doc); the binding's version here."""
+        problem = binding_problem()
+        if problem is not None:
+            raise PoolConfigError(f"pool member {self.name!r}: {problem}")
         version = binding_version()
-        if version is None:
-            raise PoolConfigError(
-                f"pool member {self.name!r} runs in process (engine: in-process), which needs llama-cpp-python, "
-                f"not installed in this environment: `make setup-in-process` (compiles it, ~13 min on 2 cores) or "
-                f"`pip install -e '.[{IN_PROCESS_EXTRA}]'`; or serve it with llama-server (engine: llama-server, "
-                f"the default, which `make setup` builds)")
         return {
             "prompt_style": "completion" if self.completion_style else "chat",
             "stop": list(COMPLETION_STOP) if self.completion_style else [],

@@ -353,9 +353,12 @@ class Coordinator:
     and shared by every request. Each episode plays on a thread of its own; the pool's calls run on the process's
     HTTP loop (module doc)."""
 
-    def __init__(self, settings, checkpoint: policy.Policy, store, *, encoder=None, pool=None):
+    def __init__(self, settings, checkpoint: policy.Policy, store, *, encoder=None, pool=None,
+                 trace_retention_days: float | None = None):
         """`checkpoint`: the trained policy (`policy.Policy.load`), checked against `settings` and the encoder
-        (`Policy.check`: a `policy.CheckpointError` when it does not fit them)."""
+        (`Policy.check`: a `policy.CheckpointError` when it does not fit them). `trace_retention_days`: how long the
+        served conversations are kept in the store's `traces` table (0: forever; None: TRINITY_TRACE_RETENTION_DAYS,
+        and forever when that is unset)."""
         from trinity.pool.runtime import build_pool
         from trinity.serving.traces import TraceLog, retention_days_from_env
 
@@ -374,14 +377,16 @@ class Coordinator:
             "params": hashlib.sha256(np.ascontiguousarray(checkpoint.params, dtype=np.float64).tobytes()).hexdigest(),
             "features": checkpoint.meta.get("features"), "encoder": self.encoder.encoder_id,
             "pool": repr(self.pool.signature()), "coordinator": settings.coordinator.model_dump()})[:16]
-        self.traces = TraceLog(store, retention_days=retention_days_from_env())  # pruned now and on each save
+        if trace_retention_days is None:
+            trace_retention_days = retention_days_from_env()
+        self.traces = TraceLog(store, retention_days=trace_retention_days)  # pruned now and on each save
         self._owns_store = False
         self._states_lock = threading.Lock()
         self._episode_threads = ThreadPoolExecutor(max_workers=EPISODE_THREADS, thread_name_prefix="trinity-episode")
 
     @classmethod
     def load(cls, checkpoint: str | Path, params: str | Path, store_path: str | Path, *, writer: bool = True,
-             encoder=None) -> "Coordinator":
+             encoder=None, trace_retention_days: float | None = None) -> "Coordinator":
         """Load params + checkpoint and open the store (closed by `close`, or at the end of a `with` block).
         writer=True: this process must be the store's writer (DuckDB: one writer process), else a RuntimeError;
         writer=False: a reader when another process writes it (`Store.open_or_read`: then what this process
@@ -395,7 +400,7 @@ class Coordinator:
         trained = policy.Policy.load(checkpoint)
         store = Store(store_path) if writer else Store.open_or_read(store_path)
         try:
-            coordinator = cls(settings, trained, store, encoder=encoder)
+            coordinator = cls(settings, trained, store, encoder=encoder, trace_retention_days=trace_retention_days)
         except BaseException:
             store.close()
             raise

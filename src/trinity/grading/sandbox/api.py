@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from trinity.config import env_flag
 from trinity.grading.sandbox.bwrap import run_bwrap
 from trinity.grading.sandbox.common import MAIN_FILE, SandboxResult, SandboxUnavailable
 from trinity.grading.sandbox.weak import run_weak
@@ -39,7 +40,7 @@ class SandboxJob:
 
 
 def _weak_requested() -> bool:
-    return os.environ.get("TRINITY_SANDBOX_WEAK", "").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag("TRINITY_SANDBOX_WEAK")
 
 
 @dataclass(frozen=True)
