@@ -14,7 +14,8 @@ sys.path.insert(0, str(ROOT / "flows"))
 def main() -> int:
     import argparse
 
-    from trinity.ops.deploy import DeploymentConfigError, DvcRemoteError, deploy
+    from trinity.ops.deploy import DeploymentConfigError, deploy
+    from trinity.ops.dvc_remote import DvcRemoteError
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--prefect-file", default=str(ROOT / "prefect.yaml"))

@@ -32,7 +32,7 @@ def check_inputs(params: str, drop_threshold: float, items_per_benchmark: int, r
     pool's configuration, and the previous night's record. The night's items are written to `run_dir`."""
     from trinity.ops import nightly
     from trinity.config import load_settings
-    from trinity.pool.errors import check_pool_config
+    from trinity.pool.members import check_pool_config
     from trinity.stages.common import load_tasks as _load_tasks
     from trinity.stages.paths import Paths
 

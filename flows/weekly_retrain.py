@@ -54,7 +54,7 @@ def _run_streaming(cmd: list[str]) -> None:
 
 @task(name="check-dvc-remote", cache_policy=NO_CACHE)
 def check_dvc_remote(dvc_remote: str | None) -> str:
-    from trinity.ops.deploy import resolve_dvc_remote
+    from trinity.ops.dvc_remote import resolve_dvc_remote
 
     return resolve_dvc_remote(ROOT, dvc_remote)
 

@@ -299,7 +299,7 @@ def test_bad_deployments_are_refused_by_name_before_anything_is_registered(proje
     shutil.copy(project / "prefect.yaml", remote_less / "prefect.yaml")
     (remote_less / ".dvc").mkdir()
     (remote_less / ".dvc" / "config").write_text("")
-    from trinity.ops.deploy import DvcRemoteError, resolve_dvc_remote
+    from trinity.ops.dvc_remote import DvcRemoteError, resolve_dvc_remote
 
     with pytest.raises(DvcRemoteError, match=r"sets no default remote.*configured remotes: none"):
         resolve_dvc_remote(remote_less, None)

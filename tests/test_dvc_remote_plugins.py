@@ -1,5 +1,5 @@
 """DVC remotes as users configure them (`dvc remote add`): a remote whose storage plugin this venv cannot import is
-refused by the pre-flight (trinity.ops.deploy.resolve_dvc_remote, what weekly-retrain and flows/deploy.py call
+refused by the pre-flight (trinity.ops.dvc_remote.resolve_dvc_remote, what weekly-retrain and flows/deploy.py call
 before anything runs), naming the project's install extra; the extras exist and pin DVC's own plugin packages."""
 import importlib
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trinity.ops.deploy import DvcRemoteError, resolve_dvc_remote
+from trinity.ops.dvc_remote import DvcRemoteError, resolve_dvc_remote
 from trinity.ops.dvc_remote import FS_LIBRARIES, PLUGIN_EXTRAS, plugin_package
 
 PROJECT = Path(__file__).resolve().parents[1]

@@ -233,7 +233,7 @@ def test_push_then_pull_restores_every_output_byte_for_byte(repo):
     """`dvc push` to the default remote of .dvc/config, every output and DVC's cache deleted, `dvc pull`: the
     prepared data, the checkpoint and the evaluation come back identical and `dvc status` is clean. A remote of
     one's own (`dvc remote add -d --local`) then takes over as the default."""
-    from trinity.ops.deploy import resolve_dvc_remote
+    from trinity.ops.dvc_remote import resolve_dvc_remote
 
     repo, env, _, _ = repo
     default = repo.parent / "trinity-dvc-storage"  # ../../trinity-dvc-storage, resolved against repo/.dvc

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from trinity.config import PoolSettings
-from trinity.pool.base import ConcurrencyLimits
-from trinity.pool.errors import PoolConfigError, check_pool_config
+from trinity.pool.runtime import ConcurrencyLimits
+from trinity.pool.errors import PoolConfigError
+from trinity.pool.members import check_pool_config
 from trinity.pool.llama_server import LLAMA_SERVERS, LlamaServerChatModel, binary_problem
 from trinity.pool.runtime import build_pool
 from trinity.pool.worker import expand_request

@@ -19,7 +19,8 @@ from fake_openai_server import FakeOpenAIServer, reply_for, usage_for
 
 from trinity.config import PoolMember, PoolSettings
 from trinity.pool.base import ChatModel
-from trinity.pool.errors import MissingApiKeyError, PoolConfigError, check_pool_config
+from trinity.pool.errors import MissingApiKeyError, PoolConfigError
+from trinity.pool.members import check_pool_config
 from trinity.pool.openai_compat import OpenAICompatibleChatModel, parse_retry_after
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 from trinity.redact import RedactingFilter, redact, redact_text, register_secret_env_names

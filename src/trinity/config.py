@@ -22,15 +22,6 @@ class ConfigError(ValueError):
     """params.yaml (or another settings file) is wrong; the message names the file and the key."""
 
 
-ENV_TRUE = ("1", "true", "yes", "on")
-
-
-def env_flag(name: str) -> bool:
-    """Whether the environment variable `name` switches something on (1, true, yes or on, any case); unset,
-    empty or anything else: off."""
-    return os.environ.get(name, "").strip().lower() in ENV_TRUE
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 

@@ -40,7 +40,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from trinity.config import env_flag
+from trinity.env import env_flag
 from trinity.files import atomic_open, atomic_path
 from trinity.records import ChatMessage, ChatResponse, SamplingParams, stable_hash
 

@@ -29,7 +29,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from trinity.config import Settings, env_flag
+from trinity.config import Settings
+from trinity.env import env_flag
 from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, is_outage, play_episodes
 from trinity.coordinator.policy import param_split
 from trinity.coordinator.router import ROUTER, router_settings

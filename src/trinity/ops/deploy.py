@@ -42,13 +42,11 @@ from typing import Any
 
 import yaml
 
+from trinity.ops.dvc_remote import DvcRemoteError, resolve_dvc_remote
+
 
 class DeploymentConfigError(ValueError):
     """prefect.yaml, or what it refers to, is not deployable; the message lists every problem."""
-
-
-class DvcRemoteError(ValueError):
-    """The DVC remote a flow pushes to is not configured in the checkout, or its plugin is not installed."""
 
 
 class GitError(ValueError):
@@ -70,32 +68,6 @@ def load_prefect_file(path: Path) -> list[dict[str, Any]]:
     if not isinstance(deployments, list) or not deployments:
         raise DeploymentConfigError(f"{path}: no `deployments:` list")
     return deployments
-
-
-def resolve_dvc_remote(root: Path, remote: str | None) -> str:
-    """The DVC remote `remote` (None: the checkout's default remote), checked to exist in root/.dvc/config
-    (and .dvc/config.local) and its storage plugin to import (trinity.ops.dvc_remote); raises DvcRemoteError
-    naming what is missing and where, or the command that installs the plugin."""
-    from dvc.config import Config
-
-    config_file = Path(root) / ".dvc" / "config"
-    if not config_file.exists():
-        raise DvcRemoteError(f"{root} is not a DVC project ({config_file} is missing)")
-    conf = Config(dvc_dir=str(Path(root) / ".dvc"))
-    remotes = sorted(conf.get("remote", {}))
-    name = remote or conf.get("core", {}).get("remote")
-    if not name:
-        raise DvcRemoteError(f"no DVC remote to push to: {config_file} sets no default remote (`dvc remote add -d "
-                             f"<name> <url>`), and no dvc_remote was given; configured remotes: {remotes or 'none'}")
-    if name not in remotes:
-        raise DvcRemoteError(f"DVC remote {name!r} is not configured in {config_file} (or config.local); "
-                             f"configured remotes: {remotes or 'none'}")
-    from trinity.ops.dvc_remote import remote_plugin_problem
-
-    problem = remote_plugin_problem(root, name)  # its plugin (dvc-s3, ...) imports: `dvc push` would fail, last
-    if problem:
-        raise DvcRemoteError(problem)
-    return name
 
 
 def _git(root: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:

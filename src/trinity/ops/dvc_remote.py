@@ -9,8 +9,8 @@ installs the three common ones as extras of its own, pinned for its DVC (pyproje
 
 `remote_plugin_problem` asks DVC's own resolution for the remote's filesystem class (so `remote://other/path`
 is checked as `other`'s type, and a malformed remote section is reported as DVC would), then imports the fsspec
-library that class uses when it connects (s3fs, gcsfs, adlfs), without connecting. `trinity.ops.deploy.
-resolve_dvc_remote` calls it, so weekly-retrain (before `dvc repro`) and `python flows/deploy.py` (for every
+library that class uses when it connects (s3fs, gcsfs, adlfs), without connecting. `resolve_dvc_remote`
+(below) calls it, so weekly-retrain (before `dvc repro`) and `python flows/deploy.py` (for every
 deployment's dvc_remote) refuse a remote whose plugin is missing. Before a `dvc push` of your own:
 
     python -m trinity.ops.dvc_remote [NAME]      # exit 0: "NAME URL: plugin ok"; 1: one line naming the fix
@@ -87,6 +87,35 @@ def remote_plugin_problem(root: Path, name: str) -> str | None:
     return None
 
 
+class DvcRemoteError(ValueError):
+    """The DVC remote a flow pushes to is not configured in the checkout, or its plugin is not installed."""
+
+
+
+def resolve_dvc_remote(root: Path, remote: str | None) -> str:
+    """The DVC remote `remote` (None: the checkout's default remote), checked to exist in root/.dvc/config
+    (and .dvc/config.local) and its storage plugin to import (`remote_plugin_problem`); raises DvcRemoteError
+    naming what is missing and where, or the command that installs the plugin."""
+    from dvc.config import Config
+
+    config_file = Path(root) / ".dvc" / "config"
+    if not config_file.exists():
+        raise DvcRemoteError(f"{root} is not a DVC project ({config_file} is missing)")
+    conf = Config(dvc_dir=str(Path(root) / ".dvc"))
+    remotes = sorted(conf.get("remote", {}))
+    name = remote or conf.get("core", {}).get("remote")
+    if not name:
+        raise DvcRemoteError(f"no DVC remote to push to: {config_file} sets no default remote (`dvc remote add -d "
+                             f"<name> <url>`), and no dvc_remote was given; configured remotes: {remotes or 'none'}")
+    if name not in remotes:
+        raise DvcRemoteError(f"DVC remote {name!r} is not configured in {config_file} (or config.local); "
+                             f"configured remotes: {remotes or 'none'}")
+    problem = remote_plugin_problem(root, name)  # its plugin (dvc-s3, ...) imports: `dvc push` would fail, last
+    if problem:
+        raise DvcRemoteError(problem)
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trinity.ops.dvc_remote",
                                  description="Check that a DVC remote is configured and its plugin imports.")
@@ -95,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from dvc.config import Config
 
-    from trinity.ops.deploy import DvcRemoteError, resolve_dvc_remote
 
     root = Path(args.root).resolve()
     try:

@@ -1,14 +1,11 @@
-"""The one interface every pool member implements, and the pool's one concurrency limit."""
+"""The one interface every pool member implements (`ChatModel`), and the concurrency cap HTTP members share
+(`LoopLocalSemaphore`; the pool's limits built from it: `runtime.ConcurrencyLimits`)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import TYPE_CHECKING, AsyncIterator, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
-
-if TYPE_CHECKING:
-    from trinity.config import PoolMember
 
 
 @runtime_checkable
@@ -31,11 +28,6 @@ class ChatModel(Protocol):
     async def chat(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse: ...
 
 
-def over_http(member: "PoolMember") -> bool:
-    """Whether the member's calls go over HTTP (OpenAI-compatible endpoint, or llama-server for a local model)."""
-    return member.backend == "openai" or member.engine == "llama-server"
-
-
 class LoopLocalSemaphore:
     """A concurrency cap shared by several callers, re-created for each event loop it is used in (an asyncio
     semaphore belongs to one loop; training runs one loop per generation)."""
@@ -50,31 +42,3 @@ class LoopLocalSemaphore:
         if self._sem is None or loop is not self._loop:
             self._loop, self._sem = loop, asyncio.Semaphore(self.value)
         return self._sem
-
-
-class ConcurrencyLimits:
-    """The pool's one concurrency limit: at most `pool.max_concurrency` calls in flight in all (`total`), and at
-    most `member.max_concurrency` per member called over HTTP (`per_member[idx]`: an OpenAI-compatible member, or a
-    local member served by llama-server, whose slots it is; None for a local member run in process, whose calls a
-    lock per loaded model already serialises: one at a time per model and process).
-
-    The same semaphores serve every path (`build_members` hands them to the HTTP members; the task-runner
-    executor acquires them per submitted request):
-    - in process, an HTTP member holds its slots only while a request is on the wire, never while backing off
-      (`trinity.pool.openai_compat`);
-    - through a task runner (Prefect threads, Dask workers), the main process holds a request's slots from
-      submission until its reply is back, so the limits hold across every worker process (a worker does not
-      know what the others run)."""
-
-    def __init__(self, total: int | None, members: Sequence["PoolMember"]):
-        self.total = LoopLocalSemaphore(total) if total else None
-        self.per_member: list[LoopLocalSemaphore | None] = [
-            LoopLocalSemaphore(m.max_concurrency) if over_http(m) else None for m in members]
-
-    @contextlib.asynccontextmanager
-    async def slot(self, idx: int) -> AsyncIterator[None]:
-        """Member `idx`'s slot, then one of the pool-wide slots (the order HTTP members take them in)."""
-        member = self.per_member[idx]
-        async with (member.get() if member is not None else contextlib.nullcontext()), \
-                (self.total.get() if self.total is not None else contextlib.nullcontext()):
-            yield

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Iterator, NamedTuple, Protocol, Sequence
 
 from trinity.config import PoolMember, PoolSettings
-from trinity.pool.base import ChatModel, ConcurrencyLimits
+from trinity.pool.base import ChatModel, LoopLocalSemaphore
 from trinity.pool.http_loop import run_on_http_loop
 from trinity.pool.llama_server import with_thread_budget
+from trinity.pool.members import build_member, over_http
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 from trinity.store import REPLAY_ENV, ReplayMiss, Store, replay_only, response_key
 
@@ -352,6 +353,34 @@ class _BatchProgress:
               file=sys.stderr, flush=True)
 
 
+class ConcurrencyLimits:
+    """The pool's one concurrency limit: at most `pool.max_concurrency` calls in flight in all (`total`), and at
+    most `member.max_concurrency` per member called over HTTP (`per_member[idx]`: an OpenAI-compatible member, or a
+    local member served by llama-server, whose slots it is; None for a local member run in process, whose calls a
+    lock per loaded model already serialises: one at a time per model and process).
+
+    The same semaphores serve every path (`build_members` hands them to the HTTP members; the task-runner
+    executor acquires them per submitted request):
+    - in process, an HTTP member holds its slots only while a request is on the wire, never while backing off
+      (`trinity.pool.openai_compat`);
+    - through a task runner (Prefect threads, Dask workers), the main process holds a request's slots from
+      submission until its reply is back, so the limits hold across every worker process (a worker does not
+      know what the others run)."""
+
+    def __init__(self, total: int | None, members: Sequence["PoolMember"]):
+        self.total = LoopLocalSemaphore(total) if total else None
+        self.per_member: list[LoopLocalSemaphore | None] = [
+            LoopLocalSemaphore(m.max_concurrency) if over_http(m) else None for m in members]
+
+    @contextlib.asynccontextmanager
+    async def slot(self, idx: int) -> AsyncIterator[None]:
+        """Member `idx`'s slot, then one of the pool-wide slots (the order HTTP members take them in)."""
+        member = self.per_member[idx]
+        async with (member.get() if member is not None else contextlib.nullcontext()), \
+                (self.total.get() if self.total is not None else contextlib.nullcontext()):
+            yield
+
+
 def build_members(pool: PoolSettings, limits: ConcurrencyLimits | None = None) -> list[ChatModel]:
     """Instantiate every configured member, HTTP members under `limits` (default: new ones from `pool`), llama-server
     members with their share of the cores (`with_thread_budget`). Fails before any work on an unknown backend or
@@ -360,20 +389,7 @@ def build_members(pool: PoolSettings, limits: ConcurrencyLimits | None = None) -
     pool = with_thread_budget(pool)
     limits = limits if limits is not None else ConcurrencyLimits(pool.max_concurrency, pool.members)
     for i, m in enumerate(pool.members):
-        if m.backend == "local" and m.engine == "llama-server":
-            from trinity.pool.llama_server import LlamaServerChatModel
-
-            members.append(LlamaServerChatModel(m, limits.total, member_limit=limits.per_member[i]))
-        elif m.backend == "local":
-            from trinity.pool.local import LocalChatModel
-
-            members.append(LocalChatModel(m))
-        elif m.backend == "openai":
-            from trinity.pool.openai_compat import OpenAICompatibleChatModel
-
-            members.append(OpenAICompatibleChatModel(m, limits.total, member_limit=limits.per_member[i]))
-        else:  # config validation already restricts this; kept for direct callers
-            raise ValueError(f"pool member {m.name!r}: unknown backend {m.backend!r}")
+        members.append(build_member(m, limits.total, limits.per_member[i]))
     return members
 
 

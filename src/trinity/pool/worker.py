@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from trinity.config import PoolMember
-from trinity.pool.base import over_http
+from trinity.pool.members import build_member, over_http
 from trinity.pool.http_loop import run_blocking
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 
@@ -42,18 +42,7 @@ class ProcessMembers:
         with self._lock:
             m = self._members.get(key)
             if m is None:
-                if settings.backend == "local" and settings.engine == "llama-server":
-                    from trinity.pool.llama_server import LlamaServerChatModel
-
-                    m = LlamaServerChatModel(settings)
-                elif settings.backend == "local":
-                    from trinity.pool.local import LocalChatModel
-
-                    m = LocalChatModel(settings)
-                else:
-                    from trinity.pool.openai_compat import OpenAICompatibleChatModel
-
-                    m = OpenAICompatibleChatModel(settings)
+                m = build_member(settings)
                 self._members[key] = m
             return m
 

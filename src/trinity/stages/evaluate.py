@@ -40,7 +40,7 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     from trinity.evaluation.run import evaluate as run_eval, evaluation_splits, summarise
     from trinity.grading import preflight
     from trinity.grading.judge import MTBenchJudge, judge_pool, load_judge_prompts
-    from trinity.pool.errors import check_pool_config
+    from trinity.pool.members import check_pool_config
     from trinity.pool.runtime import build_pool
     from trinity.store import Store
 

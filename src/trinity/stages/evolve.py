@@ -89,7 +89,7 @@ def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, chec
     from trinity.coordinator.episode import StateCache
     from trinity.coordinator.features import features_json
     from trinity.evolve.sep_cma import saved_fitness_episodes
-    from trinity.pool.errors import check_pool_config
+    from trinity.pool.members import check_pool_config
     from trinity.evolve.engine import executor_for
     from trinity.pool.runtime import build_pool
     from trinity.store import Store

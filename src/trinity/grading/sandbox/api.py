@@ -5,21 +5,20 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from trinity.config import env_flag
+from trinity.env import env_flag
 from trinity.grading.sandbox.bwrap import run_bwrap
 from trinity.grading.sandbox.common import MAIN_FILE, SandboxResult, SandboxUnavailable
+from trinity.grading.sandbox.limits import SandboxLimits
 from trinity.grading.sandbox.weak import run_weak
 
 log = logging.getLogger(__name__)
 
-_PASSTHROUGH_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`, Fedora: `dnf install bubblewrap`, "
     "Arch: `pacman -S bubblewrap`) and allow user namespaces (as a normal user: sysctl "
@@ -44,33 +43,9 @@ def _weak_requested() -> bool:
 
 
 @dataclass(frozen=True)
-class Sandbox:
-    """Limits and environment of a sandboxed run; `run` executes one program, `run_many` several.
-
-    python: the interpreter inside the sandbox (a venv's bin/python or a plain one); default the
-    interpreter running this process (the project venv). Its venv and base installation are bound
-    read-only at their own paths.
-    """
-
-    python: str | None = None
-    timeout_s: float = 10.0  # wall clock, per run
-    cpu_s: int | None = None  # RLIMIT_CPU per process; default: ceil(timeout) + 1
-    memory_mb: int = 2048  # RLIMIT_AS per process (address space)
-    rss_limit_mb: int | None = 2048  # all processes of the run together (watchdog); None: off
-    max_procs: int = 64  # RLIMIT_NPROC: processes + threads of the sandbox uid
-    max_file_mb: int = 64  # RLIMIT_FSIZE
-    max_open_files: int = 256  # RLIMIT_NOFILE
-    tmpfs_mb: int = 256  # size of the work dir (cwd, HOME); /tmp and /dev/shm get the same cap each
-    max_output_bytes: int = 1 << 20  # per captured stream
-    allow_weak: bool = False  # run without bubblewrap (weaker) instead of raising SandboxUnavailable
-    env: tuple[tuple[str, str], ...] = ()  # extra environment variables inside the sandbox
-    ro_binds: tuple[tuple[str, str], ...] = ()  # extra read-only binds: (host path, sandbox path)
-    python_flags: tuple[str, ...] = ("-B", "-s")  # no bytecode writes, no user site-packages
-
-    # ------------------------------------------------------------------------------------------
-    @property
-    def interpreter(self) -> str:
-        return self.python or sys.executable
+class Sandbox(SandboxLimits):
+    """A sandboxed run's limits and environment (`SandboxLimits`: python, timeout_s, memory_mb, ...); `run` executes
+    one program, `run_many` several."""
 
     def mode(self) -> str:
         """'bwrap' (full sandbox) or 'weak'; raises SandboxUnavailable when neither is allowed."""
@@ -116,53 +91,6 @@ class Sandbox:
             return [self.run(j.code, j.stdin, j.timeout_s, j.files) for j in items]
         with ThreadPoolExecutor(max_workers=n, thread_name_prefix="sandbox") as pool:
             return list(pool.map(lambda j: self.run(j.code, j.stdin, j.timeout_s, j.files), items))
-
-    # ------------------------------------------------------------------------------------------
-    def _cpu_limit(self, timeout: float) -> int:
-        return int(self.cpu_s) if self.cpu_s is not None else int(timeout) + 1
-
-    def _rlimit_args(self, timeout: float, extra_nproc: int = 0) -> list[str]:
-        mb = 1 << 20
-        return [
-            "prlimit",
-            # soft < hard: the soft limit sends SIGXCPU (reported as "cpu_limit"), the hard one SIGKILL
-            f"--cpu={self._cpu_limit(timeout)}:{self._cpu_limit(timeout) + 1}",
-            f"--as={self.memory_mb * mb}",
-            f"--nproc={self.max_procs + extra_nproc}",
-            f"--fsize={self.max_file_mb * mb}",
-            f"--nofile={self.max_open_files}",
-            "--core=0",
-            "--",
-        ]
-
-    def _inner_env(self, workdir: str) -> dict[str, str]:
-        py_bin = os.path.dirname(os.path.abspath(self.interpreter))
-        env = {
-            "PATH": f"{py_bin}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": workdir,
-            "TMPDIR": "/tmp",
-            "USER": "sandbox",
-            "LOGNAME": "sandbox",
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONIOENCODING": "utf-8",
-            "MPLBACKEND": "Agg",
-            "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-            "NUMEXPR_MAX_THREADS": "1",
-            "TF_CPP_MIN_LOG_LEVEL": "3",
-            # glibc reserves 64 MB of address space per malloc arena (one per thread, up to 8 per
-            # core): under RLIMIT_AS that would fail threaded programs that use little memory.
-            "MALLOC_ARENA_MAX": "2",
-        }
-        for k in _PASSTHROUGH_ENV:
-            if k in os.environ:
-                env[k] = os.environ[k]
-        env.update(dict(self.env))
-        return env
-
 
 def _check_relname(name: str) -> None:
     p = Path(name)

@@ -11,15 +11,13 @@ import struct
 import subprocess
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
 from trinity.grading.sandbox.common import (
     MAIN_FILE, PRIVATE_TMPFS_ROOTS, WORKDIR, SandboxResult, SandboxUnavailable, in_private_tmpfs,
 )
+from trinity.grading.sandbox.limits import SandboxLimits
 from trinity.grading.sandbox.supervision import supervise
-
-if TYPE_CHECKING:
-    from trinity.grading.sandbox.api import Sandbox
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,7 +144,7 @@ _ETC_RO = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone",
            "matplotlibrc", "ImageMagick-6", "magic", "magic.mime")
 
 
-def _bwrap_argv(sb: Sandbox, fds: dict[str, int], etc_fds: dict[str, int], seccomp_fd: int | None,
+def _bwrap_argv(sb: SandboxLimits, fds: dict[str, int], etc_fds: dict[str, int], seccomp_fd: int | None,
                 info_fd: int, uid: int, as_root: bool) -> list[str]:
     mb = 1 << 20
     binds, exe = python_layout(sb.interpreter)
@@ -207,7 +205,7 @@ def _bwrap_argv(sb: Sandbox, fds: dict[str, int], etc_fds: dict[str, int], secco
     # size-capped tmpfs mounts (work dir, /tmp, /dev/shm) take writes.
     a += ["--remount-ro", "/", "--remount-ro", "/dev"]
     a += ["--chdir", WORKDIR, "--clearenv"]
-    for k, v in sb._inner_env(WORKDIR).items():
+    for k, v in sb.inner_env(WORKDIR).items():
         a += ["--setenv", k, v]
     if seccomp_fd is not None:
         a += ["--seccomp", str(seccomp_fd)]
@@ -239,7 +237,7 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def run_bwrap(sb: Sandbox, files: dict[str, bytes], stdin: bytes, timeout: float) -> SandboxResult:
+def run_bwrap(sb: SandboxLimits, files: dict[str, bytes], stdin: bytes, timeout: float) -> SandboxResult:
     as_root = os.geteuid() == 0
     uid = fresh_uid() if as_root else 1000
     owned: list[int] = []
@@ -257,7 +255,7 @@ def run_bwrap(sb: Sandbox, files: dict[str, bytes], stdin: bytes, timeout: float
         owned.append(info_r)
         argv = _bwrap_argv(sb, fds, etc_fds, seccomp_fd, info_w, uid, as_root)
         exe = python_layout(sb.interpreter)[1]
-        argv += sb._rlimit_args(timeout) + [exe, *sb.python_flags, MAIN_FILE]
+        argv += sb.rlimit_args(timeout) + [exe, *sb.python_flags, MAIN_FILE]
         return supervise(sb, argv, stdin, timeout, pass_fds=child_fds, info_r=info_r, info_w=info_w,
                          bwrap=True)
     finally:

@@ -8,12 +8,10 @@ import selectors
 import signal
 import subprocess
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from trinity.grading.sandbox.common import SandboxResult
-
-if TYPE_CHECKING:
-    from trinity.grading.sandbox.api import Sandbox
+from trinity.grading.sandbox.limits import SandboxLimits
 
 
 def _descendants(root_pid: int) -> list[int]:
@@ -75,7 +73,7 @@ def _open_ns_init(info: bytes, bwrap_pid: int) -> int | None:
     return fd
 
 
-def supervise(sb: Sandbox, argv: list[str], stdin: bytes, timeout: float, *, pass_fds: tuple[int, ...],
+def supervise(sb: SandboxLimits, argv: list[str], stdin: bytes, timeout: float, *, pass_fds: tuple[int, ...],
               info_r: int | None, info_w: int | None, bwrap: bool, env: dict[str, str] | None = None,
               cwd: str | None = None) -> SandboxResult:
     cap = sb.max_output_bytes

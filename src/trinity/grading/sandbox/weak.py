@@ -10,19 +10,16 @@ import shutil
 import signal
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trinity.grading.sandbox.bwrap import fresh_uid, python_layout
 from trinity.grading.sandbox.common import MAIN_FILE, SandboxResult
+from trinity.grading.sandbox.limits import SandboxLimits
 from trinity.grading.sandbox.supervision import supervise
-
-if TYPE_CHECKING:
-    from trinity.grading.sandbox.api import Sandbox
 
 log = logging.getLogger(__name__)
 
 
-def run_weak(sb: Sandbox, files: dict[str, bytes], stdin: bytes, timeout: float) -> SandboxResult:
+def run_weak(sb: SandboxLimits, files: dict[str, bytes], stdin: bytes, timeout: float) -> SandboxResult:
     as_root = os.geteuid() == 0
     workdir = tempfile.mkdtemp(prefix="trinity-sandbox-")
     try:
@@ -46,12 +43,12 @@ def run_weak(sb: Sandbox, files: dict[str, bytes], stdin: bytes, timeout: float)
         else:
             # RLIMIT_NPROC counts every process of this uid: leave room for the ones already running.
             extra_nproc = _count_own_processes()
-        env = sb._inner_env(workdir)
+        env = sb.inner_env(workdir)
         # Without a PID namespace a daemon can leave the process group; the run's token in the
         # environment finds it afterwards (unless the code scrubs its own environment: weak mode).
         token = secrets.token_hex(16)
         env["TRINITY_SANDBOX_RUN"] = token
-        argv += sb._rlimit_args(timeout, extra_nproc) + [exe, *sb.python_flags, MAIN_FILE]
+        argv += sb.rlimit_args(timeout, extra_nproc) + [exe, *sb.python_flags, MAIN_FILE]
         try:
             return supervise(sb, argv, stdin, timeout, pass_fds=(), info_r=None, info_w=None, bwrap=False,
                              env=env, cwd=workdir)
