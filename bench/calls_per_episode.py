@@ -47,7 +47,7 @@ def main() -> None:
     from trinity.coordinator.policy import make_encoder
     from trinity.coordinator.episode import RolloutTrees, StateCache
     from trinity.data.splits import build_splits
-    from trinity.evolve.sep_cma import evolve
+    from trinity.evolve.loop import evolve
     from trinity.grading import grade
     from trinity.pool.runtime import build_pool
     from trinity.store import Store

@@ -93,7 +93,7 @@ def main() -> None:
 
     from trinity.coordinator.episode import RolloutTrees, StateCache
     from trinity.data.splits import build_splits
-    from trinity.evolve.sep_cma import evolve, minibatch, param_layout
+    from trinity.evolve.loop import evolve, minibatch, param_layout
     from trinity.grading import grade
     from trinity.pool.runtime import Pool, build_pool
     from trinity.store import Store

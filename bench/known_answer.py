@@ -239,7 +239,7 @@ def train_method(settings, train: Sequence[Task], test: Sequence[Task], pool, st
     through `evolve`'s exact resume (a finished run extended by one generation: the same run as an
     uninterrupted one), scoring the saved vector (argmax) on `test` after each. `validation`: the items the saved
     vector is selected on (and the warm start's best member found on). Returns the curve."""
-    from trinity.evolve.sep_cma import evolve
+    from trinity.evolve.loop import evolve
 
     total = settings.evolve.generations
     resume = workdir / f"{settings.evolve.method}-{settings.evolve.warm_start}.pkl"

@@ -71,7 +71,8 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
     from trinity.config import load_settings
     from trinity.coordinator.episode import RolloutTrees, StateCache
     import known_answer as ka
-    from trinity.evolve.sep_cma import default_popsize, param_layout
+    from trinity.evolve.loop import param_layout
+    from trinity.evolve.optimizer import default_popsize
     from trinity.grading import grade
     from trinity.coordinator.policy import make_encoder
 

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     from trinity.config import load_settings
     from trinity.coordinator.episode import StateCache
     from trinity.data.splits import splits_from_settings
-    from trinity.evolve.sep_cma import evolve, saved_fitness_episodes
+    from trinity.evolve.loop import evolve, saved_fitness_episodes
     from trinity.grading import grade, preflight
     from trinity.pool.runtime import build_pool
     from trinity.pool.llama_server import with_thread_budget

@@ -786,7 +786,7 @@ class Diagnosis:
                   f"{sum(x for x in am if x is not None):.0f}/{len(am)} (unknown {sum(x is None for x in am)})")
         # the saved-fitness episodes of the final generation, replayed with their own streams
         from trinity.coordinator.episode import episode_rng, shaped_reward
-        from trinity.evolve.sep_cma import saved_fitness_episodes
+        from trinity.evolve.loop import saved_fitness_episodes
 
         scoring = saved_fitness_episodes(self.settings, self.train)
         res = [self.play(t, self.W, episode_rng(self.settings.evolve.seed, "saved-fitness", k, t.id))
@@ -824,7 +824,7 @@ class Diagnosis:
               f"(||W_i||/sqrt(d)): {_fmt(zs, 2)}  (models {self.names}, roles [th, wo, ve])")
 
         # movement of the mean
-        from trinity.evolve.sep_cma import load_run_state
+        from trinity.evolve.loop import load_run_state
 
         st = load_run_state(self.root / "data/store/evolve_state.pkl")
         es = st.optimizer.es
@@ -903,7 +903,7 @@ class Diagnosis:
                   f"{var_c / max(fit.var(ddof=1), 1e-12):.2f}")
             rows.append((g, tids, fit))
         try:
-            from trinity.evolve.sep_cma import load_run_state
+            from trinity.evolve.loop import load_run_state
 
             st = load_run_state(self.root / "data/store/evolve_state.pkl")
             w = np.asarray(st.optimizer.es.sp.weights)[: len(cands) // 2]

@@ -13,8 +13,10 @@ from trinity.config import Settings
 from trinity.coordinator.episode import Episode, RolloutTrees, StateCache
 from trinity.coordinator.head import HeadShape, ParamLayout, softmax
 from trinity.coordinator.roles import Role
-from trinity.evolve.baselines import RandomSearch, Reinforce, policy_gradient
-from trinity.evolve.sep_cma import GenerationRecord, evolve, minibatch
+from trinity.evolve.random_search import RandomSearch
+from trinity.evolve.reinforce import Reinforce, policy_gradient
+from trinity.evolve.loop import evolve, minibatch
+from trinity.evolve.records import GenerationRecord
 from trinity.records import Task
 from trinity.store import Store
 

@@ -118,7 +118,7 @@ def test_module_cli_prints_the_version_and_lists_the_files():
 
 # ------------------------------------------------------------------ the run fingerprint names a GGUF by content
 def _fingerprint(*models: str) -> str:
-    from trinity.evolve.sep_cma import run_fingerprint
+    from trinity.evolve.loop import run_fingerprint
 
     s = Settings(pool=PoolSettings(members=[PoolMember(name=f"m{i}", backend="local", model=m)
                                             for i, m in enumerate(models)]))

@@ -17,7 +17,7 @@ import pytest
 from trinity.config import ConfigError, Settings, load_settings
 from trinity.coordinator.episode import StateCache
 from trinity.evolve.engine import DaskClusterError, TaskRunnerExecutor, run_expanding
-from trinity.evolve.sep_cma import evolve
+from trinity.evolve.loop import evolve
 from trinity.store import Store
 
 from process_supervisor import Supervisor, alive

@@ -8,7 +8,7 @@ import numpy as np
 from trinity.config import Settings
 from trinity.coordinator.episode import StateCache
 from trinity.evolve.engine import TaskRunnerExecutor, run_expanding
-from trinity.evolve.sep_cma import evolve
+from trinity.evolve.loop import evolve
 from trinity.store import Store
 
 from tiny_setup import ARITHMETIC_TASKS, ROLE_CAPS, SHORT_COORDINATOR, SMOL_PAIR_POOL

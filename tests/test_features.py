@@ -12,7 +12,7 @@ from trinity.config import load_settings
 from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, play_episodes
 from trinity.coordinator.features import FeatureMap, checkpoint_features, features_json, fit_feature_map
 from trinity.coordinator.roles import coordinator_text
-from trinity.evolve.sep_cma import evolve
+from trinity.evolve.loop import evolve
 from trinity.grading import grade
 from trinity.store import Store, text_key
 

@@ -18,7 +18,7 @@ from trinity.coordinator import policy
 from trinity.stages import paths as stage_paths, run_stage
 from trinity.config import CoordinatorSettings, EvolveSettings, PoolMember, PoolSettings, RewardSettings, Settings
 from trinity.coordinator.episode import Episode, StateCache, episode_rng, play_episodes
-from trinity.evolve import sep_cma
+from trinity.evolve import loop
 from trinity.pool.runtime import Pool
 from trinity.records import ChatResponse, Task
 from trinity.store import Store
@@ -89,7 +89,7 @@ def test_an_outage_ends_the_episode_when_asked():
 
 
 # ------------------------------------------------------------------ training
-_MAKE_OPTIMIZER = sep_cma.make_optimizer
+_MAKE_OPTIMIZER = loop.make_optimizer
 
 
 def _evolve_recording_tell(monkeypatch, s, pool, store=None):
@@ -107,8 +107,8 @@ def _evolve_recording_tell(monkeypatch, s, pool, store=None):
         opt.tell = tell_and_record
         return opt
 
-    monkeypatch.setattr(sep_cma, "make_optimizer", recording)
-    res = sep_cma.evolve(s, TASKS, pool, StateCache(HashEncoder(), store), grade, store=store)
+    monkeypatch.setattr(loop, "make_optimizer", recording)
+    res = loop.evolve(s, TASKS, pool, StateCache(HashEncoder(), store), grade, store=store)
     return res, told
 
 
@@ -139,12 +139,12 @@ def test_fitness_is_the_mean_over_the_episodes_free_of_outages(tmp_path, monkeyp
 
 def test_the_saved_vectors_score_leaves_outages_out(tmp_path):
     s = _settings()
-    scoring = sep_cma.saved_fitness_episodes(s, TASKS)
+    scoring = loop.saved_fitness_episodes(s, TASKS)
     pool = _pool(None, _scripted(GOOD, WORKER_DOWN))
     states = StateCache(HashEncoder(), None)
-    layout = sep_cma.param_layout(s, len(pool), states)
+    layout = loop.param_layout(s, len(pool), states)
     params = np.random.default_rng(4).standard_normal(layout.n_params) * 0.5
-    own = sep_cma.score_params(params, layout, scoring, s, pool, states, grade, sep_cma.RolloutTrees())
+    own = loop.score_params(params, layout, scoring, s, pool, states, grade, loop.RolloutTrees())
     # the same episodes played plainly: those free of outages are the same games either way
     eps = [Episode(task=t, candidate=0, rng=episode_rng(s.evolve.seed, "saved-fitness", k, t.id)) for t, k in scoring]
     asyncio.run(play_episodes(eps, [layout.split(params)[1]], pool, states, 3, s.reward, grade,
@@ -193,7 +193,7 @@ def test_a_candidate_left_without_a_clean_episode_stops_the_run(tmp_path, monkey
     models = _scripted(DOWN, DOWN)
     with Store(tmp_path / "s.duckdb") as store:
         with pytest.raises(RuntimeError, match="outage") as err:
-            sep_cma.evolve(s, TASKS, _pool(store, models), StateCache(HashEncoder(), store), grade,
+            loop.evolve(s, TASKS, _pool(store, models), StateCache(HashEncoder(), store), grade,
                            resume_path=resume, store=store)
         assert store.con.execute("SELECT count(*) FROM episodes").fetchone()[0] == 0
     from trinity.coordinator.episode import OutageError

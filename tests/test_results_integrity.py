@@ -21,7 +21,7 @@ from trinity.config import (CoordinatorSettings, EvolveSettings, PoolMember, Poo
                             RewardSettings, Settings)
 from trinity.coordinator.episode import Episode, StateCache, play_episodes
 from trinity.coordinator.roles import Role
-from trinity.evolve import sep_cma
+from trinity.evolve import loop
 from trinity.pool.openai_compat import OpenAICompatibleChatModel
 from trinity.pool.runtime import Pool
 from trinity.records import ChatMessage, ChatResponse, SamplingParams, Task
@@ -55,7 +55,7 @@ def settings(**evolve) -> Settings:
 def run_evolve(tmp_path, s, resume=True):
     with Store(tmp_path / "s.duckdb") as store:
         pool, models = scripted_pool(store)
-        res = sep_cma.evolve(s, TASKS, pool, StateCache(HashEncoder(), store), grade,
+        res = loop.evolve(s, TASKS, pool, StateCache(HashEncoder(), store), grade,
                              resume_path=tmp_path / "state.pkl" if resume else None, store=store)
     return res, sum(m.calls for m in models)
 
@@ -316,12 +316,12 @@ def test_saved_fitness_is_the_saved_vectors_own_score(tmp_path):
     with Store(tmp_path / "s.duckdb") as store:
         pool, _ = scripted_pool(store)
         states = StateCache(HashEncoder(), store)
-        layout = sep_cma.param_layout(s, len(pool), states)
+        layout = loop.param_layout(s, len(pool), states)
         from trinity.coordinator.episode import RolloutTrees
 
-        scoring = sep_cma.saved_fitness_episodes(s, TASKS)
+        scoring = loop.saved_fitness_episodes(s, TASKS)
         assert len(scoring) == len(TASKS) * 3
-        own = sep_cma.score_params(res.params, layout, scoring, s, pool, states, grade, RolloutTrees())
+        own = loop.score_params(res.params, layout, scoring, s, pool, states, grade, RolloutTrees())
     assert res.saved_fitness == pytest.approx(own[0]) and res.history[-1].saved_accuracy == pytest.approx(own[1])
     assert not np.array_equal(res.params, res.best_candidate_params)  # the saved vector is the CMA mean
     assert all(h.best_candidate_fitness >= h.mean_fitness for h in res.history)
@@ -351,7 +351,7 @@ class _FixedMean:
 
 
 def test_saved_fitness_is_measured_on_the_same_episodes_every_generation(tmp_path, monkeypatch):
-    monkeypatch.setattr(sep_cma, "make_optimizer", lambda settings, layout, x0=None: _FixedMean(layout.n_params))
+    monkeypatch.setattr(loop, "make_optimizer", lambda settings, layout, x0=None: _FixedMean(layout.n_params))
     shaped = settings(generations=4).model_copy(update={"reward": RewardSettings(diversity_weight=0.15,
                                                                                  turn_penalty_weight=0.1)})
     res, _ = run_evolve(tmp_path, shaped, resume=False)  # the shaped reward: candidates' figures spread out

@@ -12,7 +12,7 @@ from trinity.coordinator.episode import Episode, StateCache, episode_rng, play_e
 from trinity.coordinator.roles import ROLES, Role, allowed_roles
 from trinity.coordinator.router import ROUTER, router_settings
 from trinity.evaluation.run import evaluate, summarise
-from trinity.evolve.sep_cma import evolve
+from trinity.evolve.loop import evolve
 from trinity.pool.runtime import Pool
 from trinity.records import ChatResponse, Task
 from trinity.store import Store

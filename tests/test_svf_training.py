@@ -8,7 +8,7 @@ from trinity.config import Settings
 from trinity.coordinator.episode import StateCache
 from trinity.coordinator.head import HeadShape, ParamLayout
 from trinity.coordinator.roles import coordinator_text
-from trinity.evolve.sep_cma import evolve, param_layout
+from trinity.evolve.loop import evolve, param_layout
 from trinity.records import Task
 from trinity.store import Store
 

@@ -8,7 +8,7 @@ import pytest
 
 from trinity.config import PoolMember, Settings
 from trinity.coordinator.episode import RolloutTrees, StateCache
-from trinity.evolve.sep_cma import evolve, minibatch
+from trinity.evolve.loop import evolve, minibatch
 from trinity.evolve import validation as val
 from trinity.pool.runtime import Pool
 from trinity.records import Task

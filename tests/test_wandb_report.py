@@ -16,7 +16,7 @@ import pytest
 from test_tracking_eval import BENCHMARKS, _finished_records, env, make_results, write_plot  # noqa: F401
 from trinity import cli
 from trinity.stages.evolve import generation_logger
-from trinity.evolve.sep_cma import GenerationRecord
+from trinity.evolve.records import GenerationRecord
 from trinity.evaluation.report import PLOTS
 from trinity.evaluation.results import EvalResults
 from trinity.ops.tracking import GROUP_ENV, StageRun, log_eval_results

@@ -24,7 +24,7 @@ task again and again), so a generation on stored trees costs lookups. Results ar
 An outage is not a sample (docs/reproducibility.md, "An outage is not a sample"): an episode one of whose calls failed transiently
 (`Turn.failure == "transient"`) is marked `outage` and gets no reward (None, never 0 or a diversity bonus); its
 reply says nothing about the route, so the training loops leave it out of every fitness and count it
-(`trinity.evolve.sep_cma`). With `stop_on_outage` (the training loops) it ends at the failed call, so no further
+(`trinity.evolve.loop`). With `stop_on_outage` (the training loops) it ends at the failed call, so no further
 call is paid for an episode that cannot count.
 """
 from __future__ import annotations

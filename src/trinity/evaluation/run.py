@@ -20,7 +20,6 @@ and scores as wrong.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor

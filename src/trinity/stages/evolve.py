@@ -63,7 +63,7 @@ def _train(settings: Settings, train, pool, states, store, *, resume_path: Path,
            trees=None, validation=()):
     """The training loop of `settings.evolve.method`, its never-seen nodes expanded on the configured engine."""
     from trinity.evolve.engine import run_expanding
-    from trinity.evolve.sep_cma import evolve as run_es
+    from trinity.evolve.loop import evolve as run_es
 
     return run_expanding(
         lambda: run_es(settings, train, pool, states, grade, resume_path=resume_path, on_generation=on_generation,
@@ -88,7 +88,7 @@ def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, chec
     from trinity.code_version import code_version
     from trinity.coordinator.episode import StateCache
     from trinity.coordinator.features import features_json
-    from trinity.evolve.sep_cma import saved_fitness_episodes
+    from trinity.evolve.loop import saved_fitness_episodes
     from trinity.pool.members import check_pool_config
     from trinity.evolve.engine import executor_for
     from trinity.pool.runtime import build_pool

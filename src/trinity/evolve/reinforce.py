@@ -1,22 +1,11 @@
-"""The baselines of the paper's optimiser ablation, on the same head, tasks and episode budget as sep-CMA-ES.
-
-Both implement `trinity.evolve.sep_cma.Optimizer` and run in its loop (`evolve` with `evolve.method`), so
-each generation plays popsize x episodes_per_candidate episodes on the generation's minibatch, with the
-same episode seeds — only the way candidates are chosen differs. Neither touches numpy's global RNG.
-
-- REINFORCE (`Reinforce`): the score-function gradient of the sampled (model, role) log-probabilities with
-  respect to the head, times an advantage, ascended with Adam. Every "candidate" of a generation is the
-  current θ, so a generation is popsize x tasks on-policy episodes (distinct samples: the episode seeds
-  differ by candidate). Baseline: for each episode, the mean reward of the *other* episodes of the same
-  task in the generation (leave-one-out, so the estimate stays unbiased). A role the Thinker forced
-  (`suggested_role`) was not drawn by the head: its term is left out. An episode hit by an outage has no
-  reward and is left out (of the gradient and of every baseline). The paper reports it as the failing case
-  (LiveCodeBench .253 vs .615 for sep-CMA-ES).
-- Random search (`RandomSearch`): candidate 0 is the incumbent, re-evaluated on this generation's tasks;
-  the others are incumbent + σ·N(0, I) (σ = evolve.sigma0, fixed). The best of the generation becomes the
-  incumbent, so a candidate replaces it only by beating it on the same tasks (its fitness, like every
-  method's, is over the episodes not hit by an outage: `trinity.evolve.sep_cma`). Perturbations come from a
-  generator fixed by (seed, generation): deterministic and resumable.
+"""REINFORCE, a baseline of the paper's optimiser ablation (`trinity.evolve.optimizer`): the score-function gradient
+of the sampled (model, role) log-probabilities with respect to the head, times an advantage, ascended with Adam.
+Every "candidate" of a generation is the current θ, so a generation is popsize x tasks on-policy episodes (distinct
+samples: the episode seeds differ by candidate). Baseline: for each episode, the mean reward of the *other* episodes
+of the same task in the generation (leave-one-out, so the estimate stays unbiased). A role the Thinker forced
+(`suggested_role`) was not drawn by the head: its term is left out. An episode hit by an outage has no reward and is
+left out (of the gradient and of every baseline). The paper reports it as the failing case (LiveCodeBench .253 vs
+.615 for sep-CMA-ES).
 """
 from __future__ import annotations
 
@@ -27,6 +16,7 @@ import numpy as np
 from trinity.coordinator.episode import Episode
 from trinity.coordinator.head import HeadShape, ParamLayout, softmax
 from trinity.coordinator.roles import ROLES
+from trinity.evolve.optimizer import PlainStateOptimizer
 
 _ROLE_INDEX = {r: i for i, r in enumerate(ROLES)}
 
@@ -78,21 +68,7 @@ def policy_gradient(shape: HeadShape, theta: np.ndarray, episodes: Sequence[Epis
     return (grad / len(episodes)).reshape(-1)
 
 
-class _PlainStateOptimizer:
-    """What the baselines share: their answer is one numpy vector (attribute named by `_answer`) and all their
-    state is plain numpy, so the pickled checkpoint restores them whole."""
-
-    _answer: str
-
-    @property
-    def params(self) -> np.ndarray:
-        return np.array(getattr(self, self._answer), dtype=np.float64)
-
-    def resume(self) -> None:
-        pass
-
-
-class Reinforce(_PlainStateOptimizer):
+class Reinforce(PlainStateOptimizer):
     """REINFORCE with a leave-one-out baseline and Adam (ascent). Head only (see module doc)."""
 
     method = "reinforce"
@@ -131,34 +107,3 @@ class Reinforce(_PlainStateOptimizer):
     @property
     def sigma(self) -> float:
         return self.lr
-
-
-class RandomSearch(_PlainStateOptimizer):
-    """(1+λ) random search around the incumbent with a fixed σ (see module doc)."""
-
-    method = "random_search"
-    needs_features = False
-    _answer = "best"
-
-    def __init__(self, n: int, popsize: int, sigma: float, seed: int, x0: np.ndarray | None = None):
-        if popsize < 2:
-            raise ValueError("random search needs popsize >= 2 (the incumbent plus at least one perturbation)")
-        self.n, self.popsize, self._sigma, self.seed = n, popsize, sigma, seed
-        self.best = np.zeros(n) if x0 is None else np.array(x0, dtype=np.float64)
-        self.best_fitness = -np.inf
-        self.generation = 0
-
-    def ask(self) -> list[np.ndarray]:
-        rng = np.random.default_rng([self.seed, 104729, self.generation])
-        noise = rng.standard_normal((self.popsize - 1, self.n))
-        return [self.best.copy()] + [self.best + self._sigma * z for z in noise]
-
-    def tell(self, X, fitness, episodes) -> None:
-        b = int(np.argmax(fitness))  # ties keep the incumbent (candidate 0)
-        self.best = np.array(X[b], dtype=np.float64)
-        self.best_fitness = float(fitness[b])
-        self.generation += 1
-
-    @property
-    def sigma(self) -> float:
-        return self._sigma
