@@ -227,7 +227,8 @@ check-graders: setup-sandbox
 # an empty store on 2 cores): run it on its own (docs/results.md, "Does training learn?").
 bench: setup setup-in-process
 	@for b in bench/*.py; do [ "$$b" = bench/training_cost.py ] && continue; \
-	  grep -q '__name__ == "__main__"' $$b || continue; echo "== $$b"; $(PY) $$b | tail -1; done
+	  grep -q '__name__ == "__main__"' $$b || continue; m=bench.$$(basename $$b .py); echo "== $$m"; \
+	  $(PY) -m $$m | tail -1; done
 
 clean-venv:
 	rm -rf $(VENV)

@@ -8,7 +8,7 @@ never-seen node of a rollout tree costs one call; everything stored is free. The
 episode in the last generation (goal <= 0.1); the detail holds the whole curve, the totals, and what the
 same episodes would have cost without the store (one call per turn played).
 
-Usage: .venv/bin/python bench/calls_per_episode.py [--generations 20] [--max-turns 3] [--tasks 3,3] [--pool all]
+Usage: .venv/bin/python -m bench.calls_per_episode [--generations 20] [--max-turns 3] [--tasks 3,3] [--pool all]
 Last line: one JSON object (see the bench format in DESIGN.md).
 """
 from __future__ import annotations
@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
-from trinity.config import Settings  # noqa: E402
+from trinity.config import Settings
 
 
 POOLS = {

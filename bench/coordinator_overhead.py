@@ -6,7 +6,7 @@ kernels, see coordinator.encoder_dtype); the head is random (σ = 0.5) so every 
 sides are timed in the same turns. Afterwards every decided transcript is re-encoded in fp32 from scratch and the
 head's argmax decisions are compared (reported, not part of the timing).
 
-Usage: .venv/bin/python bench/coordinator_overhead.py [--episodes 4] [--chunk-tokens N (default: params.yaml)]"""
+Usage: .venv/bin/python -m bench.coordinator_overhead [--episodes 4] [--chunk-tokens N (default: params.yaml)]"""
 import argparse
 import asyncio
 import json

@@ -11,7 +11,7 @@ coordinator.encoder_dtype: bfloat16 on CPUs with native bf16 kernels). When that
 forward of a second copy is timed too (detail: the speed-up over the paper's fp32 way, and how far the
 features moved).
 
-Usage: .venv/bin/python bench/encoder_throughput.py [--model smollm2-135m-instruct] [--reps 5] [--dtype auto] [--chunk-tokens 128]
+Usage: .venv/bin/python -m bench.encoder_throughput [--model smollm2-135m-instruct] [--reps 5] [--dtype auto] [--chunk-tokens 128]
 Last line: one JSON object (see bench format in DESIGN.md).
 """
 from __future__ import annotations
@@ -24,15 +24,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from prefix_reuse import transcripts  # noqa: E402
-from trinity.coordinator.encoder import TranscriptEncoder, load_causal_lm  # noqa: E402
+from bench.prefix_reuse import transcripts
+from trinity.coordinator.encoder import TranscriptEncoder, load_causal_lm
 
-import torch  # noqa: E402  (after the encoder module, which sets the OpenMP wait policy first)
+import torch
 
 
 def main() -> None:

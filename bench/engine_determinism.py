@@ -20,7 +20,7 @@ What this does not show: in a run, a reply that differs changes the later turns 
 contain it) and hence which requests are made at all; here every request is asked as the run asked it, so the
 share of identical replies is per request, not per episode.
 
-Usage: .venv/bin/python bench/engine_determinism.py [--requests 48] [--store PATH] [--params params.yaml]
+Usage: .venv/bin/python -m bench.engine_determinism [--requests 48] [--store PATH] [--params params.yaml]
        [--engine llama-server|in-process]
 Last line: one JSON object (DESIGN.md's bench format).
 """
@@ -33,14 +33,12 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from learnability import _commit, _cpu_kind  # noqa: E402
-from stored_replay import ROLES, replay, stored_requests  # noqa: E402
+from trinity.machine import commit, cpu_kind
+from bench.common import ROLES, replay, stored_requests
 
-from trinity.config import load_settings  # noqa: E402
-from trinity.pool.runtime import build_pool  # noqa: E402
+from trinity.config import load_settings
+from trinity.pool.runtime import build_pool
 
 
 def main() -> int:
@@ -85,7 +83,7 @@ def main() -> int:
         "wall_s": [round(ra.wall_s, 1), round(rb.wall_s, 1)],
         "completion_tokens": [ra.completion_tokens, rb.completion_tokens],
         "failed": [len(ra.failed), len(rb.failed)],
-        "store": str(args.store), "commit": _commit(), "cpu": _cpu_kind(),
+        "store": str(args.store), "commit": commit(), "cpu": cpu_kind(),
     }
     print(json.dumps({"name": "engine_determinism", "figure": round(sum(same_ab) / len(requests), 3),
                       "unit": "share of replies byte-identical between two fresh replays",

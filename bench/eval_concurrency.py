@@ -12,7 +12,7 @@ Prints one JSON line: figure = wall time one at a time / wall time all at once (
 failures of each (goal 0), calls paid, per-call seconds and the CPU kind. Takes roughly as long as two evaluations of
 the default run (~30-60 min on 2 cores); --benchmarks / --max-items shrink it (both modes get the same items).
 
-    .venv/bin/python bench/eval_concurrency.py [--order serial,all] [--max-items N]
+    .venv/bin/python -m bench.eval_concurrency [--order serial,all] [--max-items N]
 """
 from __future__ import annotations
 
@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
 
 MODES = {"serial": "1", "all": ""}
 
@@ -97,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--order", default="serial,all", help="the modes in the order they run (default serial,all)")
     ap.add_argument("--max-items", type=int, default=None, help="at most this many items per evaluation benchmark")
     args = ap.parse_args(argv)
-    from learnability import _commit, _cpu_kind  # noqa: PLC0415 (bench/ helpers: commit and CPU kind)
+    from trinity.machine import commit, cpu_kind
 
     from trinity.config import load_settings
 
@@ -113,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "name": "eval_concurrency", "figure": round(serial / together, 3), "unit": "x (wall, one at a time / all at once)",
         "goal": ">= 1.5, with 0 transport failures (pool retries off)",
         "compared_to": "the same evaluation one (benchmark, method) at a time, same session, cleared store each time",
-        "transport_failures": failures, "commit": _commit(), "cpu": _cpu_kind(),
+        "transport_failures": failures, "commit": commit(), "cpu": cpu_kind(),
         "detail": {"runs": runs, "order": args.order, "max_items": args.max_items,
                    "pool_max_concurrency": settings.pool.max_concurrency}}))
     return 0

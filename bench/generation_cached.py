@@ -21,7 +21,7 @@ and 576-d states), because filling 512 episodes' trees with the real embedded po
 the timed part, which never calls a model. `--fill real` fills with the embedded SmolLM2 pool (two members)
 and the real encoder instead (slow: hundreds of real calls).
 
-Usage: .venv/bin/python bench/generation_cached.py [--reps 7] [--fill synthetic|real]
+Usage: .venv/bin/python -m bench.generation_cached [--reps 7] [--fill synthetic|real]
 Last line: one JSON object (see the bench format in DESIGN.md).
 """
 from __future__ import annotations
@@ -31,18 +31,16 @@ import asyncio
 import hashlib
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from trinity.config import PoolMember, Settings  # noqa: E402
-from trinity.records import ChatResponse  # noqa: E402
+from trinity.config import PoolMember, Settings
+from trinity.records import ChatResponse
 
 DIM = 576  # the bundled encoder's hidden size (SmolLM2-135M)
 

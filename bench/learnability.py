@@ -1,6 +1,6 @@
 """Learnability: does the training machinery learn a routing whose answer is known?
 
-The known-answer problem (bench/known_answer.py): arithmetic, multiple-choice and code tasks, and a
+The known-answer problem (src/trinity/evolve/known_answer.py): arithmetic, multiple-choice and code tasks, and a
 scripted pool of four members — one expert per family (right on its family, plausibly wrong elsewhere) and one
 that answers nothing; as Verifiers they accept a right answer with probability 0.9 and a wrong one with 0.2.
 The oracle router (each task to its family's expert) scores 1.0; any single member alone 1/3.
@@ -15,7 +15,7 @@ generation episodes, the same tasks and episode seeds — and after every genera
 Reported: held-out accuracy as a fraction of the oracle's (goal >= 0.9 for the paper's method), generations to
 reach 90 %, the best single member and random routing (the zero head, sampled: uniform picks), same run.
 
-Usage: .venv/bin/python bench/learnability.py [--generations 20] [--tasks-per-generation 16] [--train 20]
+Usage: .venv/bin/python -m bench.learnability [--generations 20] [--tasks-per-generation 16] [--train 20]
        [--heldout 20] [--methods sep_cma,reinforce,random_search]   (defaults: the full run, ~10 min on 2 cores)
        [--validation 10 --warm-starts none,best_member]   (select the saved vector on validation; both starts)
 Last line: one JSON object (DESIGN.md's bench format).
@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,29 +31,11 @@ from typing import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from trinity.config import EvolveSettings  # noqa: E402
-
-
-def _cpu_kind() -> str:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-        model = next((ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name")), "?")
-        bf16 = "avx512_bf16" in flags or "amx_bf16" in flags
-    except OSError:
-        model, bf16 = platform.processor() or "?", False
-    return f"{model}, {os.cpu_count()} cores, {'bf16-capable' if bf16 else 'no native bf16'}"
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+from trinity.config import EvolveSettings
+from trinity.machine import commit, cpu_kind
 
 
 PAPER_SIGMA0 = EvolveSettings.model_fields["sigma0"].default
@@ -70,7 +49,7 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
         log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     from trinity.config import load_settings
     from trinity.coordinator.episode import RolloutTrees, StateCache
-    import known_answer as ka
+    from trinity.evolve import known_answer as ka
     from trinity.evolve.loop import param_layout
     from trinity.evolve.optimizer import default_popsize
     from trinity.grading import grade
@@ -150,7 +129,7 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
                          "feature_norm": base.coordinator.feature_norm,
                          "encoder": getattr(encoder, "encoder_id", "?")},
             "pool_calls": pool.stats.calls_made, "states_encoded": states.encoded,
-            "wall_s": round(time.perf_counter() - t_start, 1), "commit": _commit(), "cpu": _cpu_kind()},
+            "wall_s": round(time.perf_counter() - t_start, 1), "commit": commit(), "cpu": cpu_kind()},
     }
 
 
@@ -163,7 +142,7 @@ def markdown(res: dict, command: str) -> str:
         f"Measured by `{command}` at commit {d['commit']} on {d['cpu']}; {d['wall_s']:.0f} s. Scripted pool (no LLM): "
         "one expert per task family (arithmetic, multiple choice, code), one member that answers nothing; verifiers "
         "accept a right answer with p = 0.9, a wrong one with p = 0.2. Real encoder, head, episode loop, reward "
-        "shaping, optimisers, graders and code sandbox (bench/known_answer.py).", "",
+        "shaping, optimisers, graders and code sandbox (src/trinity/evolve/known_answer.py).", "",
         f"Budget, the same for every method: {b['generations']} generations x popsize {b['popsize']} x "
         f"{b['tasks_per_generation']} tasks = {b['episodes_per_method']} episodes; {d['tasks']['train']} training and "
         f"{d['tasks']['heldout']} held-out tasks (other draws of the same families). σ0 = {st['sigma0']}, REINFORCE "
@@ -214,7 +193,7 @@ def main(argv=None) -> int:
               params=a.params, seed=a.seed, feature_norm=a.feature_norm, max_turns=a.max_turns, sigma0=a.sigma0,
               n_validation=a.validation, warm_starts=a.warm_starts.split(","))
     if a.markdown:
-        a.markdown.write_text(markdown(res, "python bench/learnability.py " + " ".join(argv if argv is not None
+        a.markdown.write_text(markdown(res, "python -m bench.learnability " + " ".join(argv if argv is not None
                                                                                      else sys.argv[1:])))
     print(json.dumps(res))
     return 0

@@ -2,7 +2,7 @@
 
 A generation keeps calls to every member in flight at once, so the local models decode at the same time. This
 replays the first --requests stored requests of a run (every member, in the order they were made;
-`stored_replay.stored_requests`) through the pool's own members at the pool's concurrency
+`bench.common.stored_requests`) through the pool's own members at the pool's concurrency
 (`pool.max_concurrency` in flight), once per setting of --settings:
 
 - "auto": llama-server, each server with the pool's thread budget (`trinity.pool.llama_server.with_thread_budget`:
@@ -16,7 +16,7 @@ member. Printed per setting: aggregate completion tokens/s and wall time. Why th
 token with its threads meeting at a barrier after every operation, so more threads than cores in all means a
 thread waiting for a sibling the OS has not scheduled. The figure: tokens/s of the first setting over the last.
 
-Usage: .venv/bin/python bench/local_engines.py [--requests 32] [--settings auto,2,in-process] [--store PATH]
+Usage: .venv/bin/python -m bench.local_engines [--requests 32] [--settings auto,2,in-process] [--store PATH]
        [--params PATH] [--members NAME,...] [--any-engine]
 Last line: one JSON object (DESIGN.md's bench format).
 """
@@ -29,15 +29,13 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from learnability import _commit, _cpu_kind  # noqa: E402
-from stored_replay import replay, stored_requests  # noqa: E402
+from trinity.machine import commit, cpu_kind
+from bench.common import replay, stored_requests
 
-from trinity.config import load_settings  # noqa: E402
-from trinity.pool.llama_server import SERVER_OMP_ENV  # noqa: E402
-from trinity.pool.runtime import build_pool  # noqa: E402
+from trinity.config import load_settings
+from trinity.pool.llama_server import SERVER_OMP_ENV
+from trinity.pool.runtime import build_pool
 
 
 def throughput(r) -> dict:
@@ -87,7 +85,7 @@ def main() -> int:
         "compared_to": f"the same {len(requests)} stored requests through each setting ({args.settings}), fresh "
                        f"servers or models each, same run",
         "detail": {"per_setting": results, "requests": len(requests), "concurrency": settings.pool.max_concurrency,
-                   "servers_omp_env": SERVER_OMP_ENV, "commit": _commit(), "cpu": _cpu_kind()}}))
+                   "servers_omp_env": SERVER_OMP_ENV, "commit": commit(), "cpu": cpu_kind()}}))
     return 0
 
 

@@ -7,7 +7,7 @@ their connections), then it blocks for 6 s; k sweeps 1..12. Before the pool's ca
 every call that succeeded counted the stall in its seconds. Runs against any checkout: PYTHONPATH=<checkout>/src.
 Prints one JSON line: figure = calls failed (goal 0), with the longest call's seconds (goal: well under the stall).
 
-    .venv/bin/python bench/loop_stall.py
+    .venv/bin/python -m bench.loop_stall
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
 
 STALL_S = 6.0
 SMOL = {"name": "smol", "backend": "local", "model": "smollm2-135m-instruct", "max_tokens": 8, "temperature": 0.0}
@@ -26,7 +25,7 @@ SMOL = {"name": "smol", "backend": "local", "model": "smollm2-135m-instruct", "m
 
 def main() -> int:
     import trinity
-    from learnability import _commit, _cpu_kind  # noqa: PLC0415 (bench/ helpers: commit and CPU kind)
+    from trinity.machine import commit, cpu_kind
 
     from trinity.config import PoolSettings
     from trinity.pool import llama_server
@@ -60,7 +59,7 @@ def main() -> int:
                       "compared_to": f"{4 * len(sweep)} calls, caller's loop blocked {STALL_S:g} s per batch, "
                                      "pool retries off",
                       "max_call_s": max(s["max_call_s"] for s in sweep), "code": trinity.__file__,
-                      "commit": _commit(), "cpu": _cpu_kind(), "detail": {"sweep": sweep}}))
+                      "commit": commit(), "cpu": cpu_kind(), "detail": {"sweep": sweep}}))
     return 0
 
 

@@ -13,7 +13,7 @@ levels <= data.math500_max_level; the pipeline's in-distribution evaluation item
 are left out (nothing is tuned on what is evaluated). Calls go to a kept store (default
 ~/.cache/trinity/bench/member_accuracy.duckdb): a rerun with the same items and caps pays nothing.
 
-Usage: .venv/bin/python bench/member_accuracy.py [--per-source 12] [--max-tokens 192,320]
+Usage: .venv/bin/python -m bench.member_accuracy [--per-source 12] [--max-tokens 192,320]
        [--sources math500,mmlu,livecodebench] [--store PATH] [--markdown FILE]
 Last line: one JSON object (DESIGN.md's bench format). Cost: members x items x caps calls on the embedded
 pool (about 5 s each on 2 cores, 4 members in parallel); progress goes to stderr.
@@ -28,10 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from learnability import _commit, _cpu_kind  # noqa: E402
+from trinity.machine import commit, cpu_kind
 
 DEFAULT_STORE = Path.home() / ".cache" / "trinity" / "bench" / "member_accuracy.duckdb"
 
@@ -179,9 +177,9 @@ def main(argv=None) -> int:
            "detail": {"by_cap": by_cap, "per_source": a.per_source, "sources": sources,
                       "items": [t.id for t in items], "new_calls": new_calls,
                       "pool": [m.name for m in settings.pool.members],
-                      "wall_s": round(time.monotonic() - t_start, 1), "commit": _commit(), "cpu": _cpu_kind()}}
+                      "wall_s": round(time.monotonic() - t_start, 1), "commit": commit(), "cpu": cpu_kind()}}
     if a.markdown:
-        a.markdown.write_text(markdown(res, "python bench/" + " ".join([Path(__file__).name, *(argv or sys.argv[1:])])) + "\n")
+        a.markdown.write_text(markdown(res, "python -m bench." + " ".join([Path(__file__).stem, *(argv or sys.argv[1:])])) + "\n")
     print(json.dumps(res))
     return 0
 

@@ -8,7 +8,7 @@ the full client path (semaphores, SDK, HTTP transport, JSON parsing, accounting)
 connection setup is not measured on either side), and are measured interleaved in the same run;
 the figure is the median over repetitions of sequential_wall / concurrent_wall.
 
-Usage: .venv/bin/python bench/pool_concurrency.py [--requests 100] [--latency-ms 50] [--concurrency 50]
+Usage: .venv/bin/python -m bench.pool_concurrency [--requests 100] [--latency-ms 50] [--concurrency 50]
        [--reps 3] [--transport auto|aiohttp|httpx]
 Last line: one JSON object (see bench format in DESIGN.md).
 """
@@ -26,11 +26,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
-from trinity.config import PoolMember  # noqa: E402
-from trinity.pool.openai_compat import OpenAICompatibleChatModel  # noqa: E402
-from trinity.records import ChatMessage, SamplingParams  # noqa: E402
+from trinity.config import PoolMember
+from trinity.pool.openai_compat import OpenAICompatibleChatModel
+from trinity.records import ChatMessage, SamplingParams
 
 KEY_ENV = "TRINITY_BENCH_FAKE_KEY"
 

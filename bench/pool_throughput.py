@@ -39,7 +39,7 @@ the two sampler implementations need not draw alike), and (a)'s with the stored 
 The two sides sample freely (temperature 0.7 for most stored requests), so their replies and hence completion
 lengths differ: tokens/s is the throughput that does not depend on how long the replies happen to be.
 
-Usage: .venv/bin/python bench/pool_throughput.py [--member qwen-coder-1.5b] [--requests 16] [--concurrency 8]
+Usage: .venv/bin/python -m bench.pool_throughput [--member qwen-coder-1.5b] [--requests 16] [--concurrency 8]
        [--roles worker,thinker,verifier] [--store data/store/trinity.duckdb] [--server-bin PATH]
        [--threads 2] [--ctx-per-slot 4096] [--cache-reuse 256]
 Needs the server binary: bash scripts/build_llama_server.sh (once per CPU, ~4 min on 2 cores).
@@ -60,13 +60,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
-from trinity.config import load_settings  # noqa: E402
-from trinity.pool.llama_server import ServerProcess, ServerSpec, server_binary, server_request  # noqa: E402
-from trinity.pool.local import LocalChatModel, load_llama  # noqa: E402
-from trinity.records import ChatMessage, SamplingParams  # noqa: E402
-from trinity.store import Store  # noqa: E402
+from trinity.config import load_settings
+from trinity.pool.llama_server import ServerProcess, ServerSpec, server_binary, server_request
+from trinity.pool.local import LocalChatModel, load_llama
+from trinity.records import ChatMessage, SamplingParams
+from trinity.store import Store
 
 
 @dataclass(frozen=True)

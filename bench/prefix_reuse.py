@@ -10,7 +10,7 @@ sum_k median(full_k) / sum_k median(reuse_k) over the episode. The features of b
 (max |Δ| is 0 in every dtype: reuse is whole position-aligned chunks, so it is an optimisation, not an
 approximation; see coordinator.encode_chunk_tokens).
 
-Usage: .venv/bin/python bench/prefix_reuse.py [--model smollm2-135m-instruct] [--reps 5] [--dtype float32]
+Usage: .venv/bin/python -m bench.prefix_reuse [--model smollm2-135m-instruct] [--reps 5] [--dtype float32]
        [--chunk-tokens 128]
 Last line: one JSON object (see bench format in DESIGN.md).
 """
@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from trinity.coordinator.encoder import TranscriptEncoder  # noqa: E402
+from trinity.coordinator.encoder import TranscriptEncoder
 
 SYSTEM = (
     "system: You are the dispatcher of a team of language models. Read the conversation and decide which "

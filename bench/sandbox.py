@@ -3,7 +3,7 @@ the same interpreter on the same file, measured interleaved (plain, sandboxed, p
 over the repetitions. Also the grading throughput on this machine's cores: trivial programs through
 `Sandbox.run_many`, and HumanEval reference solutions through `grade_code` (when the data is there).
 
-Run: .venv/bin/python bench/sandbox.py [--reps 30]. The last line is the JSON record.
+Run: .venv/bin/python -m bench.sandbox [--reps 30]. The last line is the JSON record.
 """
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ Pool: the params file's (default: the embedded pool and data/checkpoints, which 
 after S seconds (a checkpoint with a zero head is written for them). The store is a fresh temporary file unless
 `--store` names one. Prints one JSON line last (the bench format).
 
-    python bench/serve_load.py                       # embedded pool: slow (each episode is several local calls)
-    python bench/serve_load.py --fake-latency 0.5 --requests 32
+    python -m bench.serve_load                       # embedded pool: slow (each episode is several local calls)
+    python -m bench.serve_load --fake-latency 0.5 --requests 32
 """
 from __future__ import annotations
 
@@ -34,13 +34,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import httpx  # noqa: E402
-import numpy as np  # noqa: E402
+import httpx
+import numpy as np
 
-from learnability import _commit, _cpu_kind  # noqa: E402
+from trinity.machine import commit, cpu_kind
 
 
 def log(msg: str) -> None:
@@ -262,7 +260,7 @@ def main() -> None:
             "reps": args.reps, "answer_format": args.answer_format, "store": str(store),
             "server_exit_code": rc, "setup_s": round(t0 - t_load, 1),
             "load_avg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            "commit": _commit(), "cpu": _cpu_kind(),
+            "commit": commit(), "cpu": cpu_kind(),
         },
     }))
 

@@ -12,7 +12,7 @@ items each, MATH-500 levels <= data.math500_max_level) — never the evaluation 
 guard is applied). Nothing is read from or written to the project's store: the store is a temporary one
 (or `--store PATH`, kept, so a later run continues from it: then it is no longer "from empty").
 
-Usage: .venv/bin/python bench/training_cost.py [--generations 2] [--popsize 33] [--tasks-per-generation 16]
+Usage: .venv/bin/python -m bench.training_cost [--generations 2] [--popsize 33] [--tasks-per-generation 16]
        [--per-source 8] [--store PATH]
 Last line: one JSON object (DESIGN.md's bench format). Slow: about an hour per generation from an empty store on
 2 cores (that is what it measures); progress goes to stderr.
@@ -29,10 +29,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from learnability import _commit, _cpu_kind  # noqa: E402
+from trinity.machine import commit, cpu_kind
 
 
 def _interrupt(signum, frame):
@@ -163,7 +161,7 @@ def main(argv=None) -> int:
                                           if m.backend == "local"},
                    "saved_fitness_episodes": len(saved_fitness_episodes(settings, train)),
                    "interrupted_generation": interrupted,
-                   "wall_s": round(time.perf_counter() - t_start, 1), "commit": _commit(), "cpu": _cpu_kind()}}))
+                   "wall_s": round(time.perf_counter() - t_start, 1), "commit": commit(), "cpu": cpu_kind()}}))
     return 0
 
 

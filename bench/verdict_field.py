@@ -13,7 +13,7 @@ A reply "has no field" when `trinity.coordinator.roles.parse_verdict` returns No
 Calls go through the Pool into a store of this bench's own (default /tmp/trinity-bench/verdict_field.duckdb, never
 the pipeline's data/store: DuckDB allows one writer per file): a rerun pays nothing.
 
-Usage: .venv/bin/python bench/verdict_field.py [--worker qwen-coder-1.5b] [--store PATH] [--out-dir reports]
+Usage: .venv/bin/python -m bench.verdict_field [--worker qwen-coder-1.5b] [--store PATH] [--out-dir reports]
 Writes <out-dir>/verdict_field.json and <out-dir>/verdict_field.md; the last stdout line is one JSON object
 (DESIGN.md's bench format). Cost: items x (1 Worker call + 2 x members Verifier calls of <= 48 tokens).
 """
@@ -28,10 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from learnability import _commit, _cpu_kind  # noqa: E402
+from trinity.machine import commit, cpu_kind
 
 DEFAULT_STORE = Path("/tmp/trinity-bench/verdict_field.duckdb")
 FREE_TEXT_ROLE = "verifier-free-text"
@@ -188,11 +186,11 @@ def main(argv=None) -> int:
                       "free_text_examples": {r["member"]: r["text"] for r in rows
                                              if r["item"] == first and r["variant"] == "free_text"},
                       "pool_stats": stats, "wall_s": round(time.monotonic() - t0, 1),
-                      "commit": _commit() + ("+uncommitted" if _dirty() else ""), "cpu": _cpu_kind(),
+                      "commit": commit() + ("+uncommitted" if _dirty() else ""), "cpu": cpu_kind(),
                       "rows": rows}}
     a.out_dir.mkdir(parents=True, exist_ok=True)
     (a.out_dir / "verdict_field.json").write_text(json.dumps(res, indent=1) + "\n")
-    command = "python bench/" + " ".join([Path(__file__).name, *(argv if argv is not None else sys.argv[1:])])
+    command = "python -m bench." + " ".join([Path(__file__).stem, *(argv if argv is not None else sys.argv[1:])])
     (a.out_dir / "verdict_field.md").write_text(markdown(res, command) + "\n")
     print(json.dumps({k: v for k, v in res.items() if k != "detail"}
                      | {"detail": {k: v for k, v in res["detail"].items() if k not in ("rows", "worker_replies")}}))

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
 EVOLVE_METRICS = "reports/metrics/evolve.json"
 EVAL_METRICS = "reports/metrics/evaluate.json"

@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
 GOAL_MARGIN = 0.02
 """How far below its unweighted average the coordinator may be at the cheaper weight (issue 27)."""

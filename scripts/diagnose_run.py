@@ -1,6 +1,6 @@
 """Diagnose a finished Trinity pipeline run from its artifacts alone (read-only; no LLM, no encoder load).
 
-    PYTHONPATH=src .venv/bin/python scripts/diagnose_run.py [--root .] [--heads 200]
+    .venv/bin/python scripts/diagnose_run.py [--root .] [--heads 200]
 
 Opens the checkpoint, the store (read-only), the root states, the eval episodes, the evolve history and the
 pickled optimiser state, rebuilds every task's rollout tree from the stored responses (each edge is the request
@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import math
-import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -45,7 +44,6 @@ def main(argv=None) -> int:
     ap.add_argument("--no-grade", action="store_true", help="do not grade unlabelled math/choice answers")
     args = ap.parse_args(argv)
     root = Path(args.root).resolve()
-    sys.path.insert(0, str(root / "src"))
     t_start = time.time()
     D = Diagnosis(root, grade_unlabelled=not args.no_grade)
     D.q1()

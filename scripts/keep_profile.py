@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
 
 KEPT = {  # source (project-relative) -> name in reports/<profile>/
     "reports/summary.md": "summary.md",
@@ -41,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a params override of the run")
     args = ap.parse_args(argv)
 
-    from learnability import _commit, _cpu_kind  # noqa: PLC0415 (bench/ helpers: one place for commit and CPU kind)
+    from trinity.machine import commit, cpu_kind
 
     from trinity.code_version import code_version
 
@@ -60,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy2(ROOT / src, dest)
     wall = time.time() - args.started
     evolve = json.loads((ROOT / "reports/metrics/evolve.json").read_text())
-    run = {"profile": args.name, "commit": _commit(), "code_version": code_version(), "cpu": _cpu_kind(),
+    run = {"profile": args.name, "commit": commit(), "code_version": code_version(), "cpu": cpu_kind(),
            "wall_s": round(wall, 1), "wall_min": round(wall / 60, 1), "overrides": args.set,
            "evolve_calls_made": evolve.get("calls_made"), "evolve_store_hits": evolve.get("store_hits"),
            "note": "wall time of this `make run-full` invocation (setup excluded); a resumed run counts only its "

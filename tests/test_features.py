@@ -2,7 +2,6 @@
 the map is fitted on the training tasks' root states, saved with the checkpoint and applied identically later,
 while the store keeps raw states. Scripted pool and hash encoder: the plumbing is under test here (whether it
 helps learning is bench/learnability.py's question)."""
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +15,9 @@ from trinity.evolve.loop import evolve
 from trinity.grading import grade
 from trinity.store import Store, text_key
 
-from scripted_pool import HashEncoder
+from trinity.evolve import known_answer as ka
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import known_answer as ka  # noqa: E402  (the bench fixture: bench/known_answer.py)
+from scripted_pool import HashEncoder
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,19 +1,17 @@
-"""The known-answer regression test (bench/learnability.py at a small size): with a scripted pool whose experts
+"""The known-answer regression test (`python -m bench.learnability` at a small size): with a scripted pool whose experts
 are known by construction (one per task family, one member that answers nothing), sep-CMA-ES on the real
 encoder, head, episode loop, reward shaping and graders must learn to route each family to its expert — on
 held-out tasks of those families — while every single member alone scores 1/3 and random routing far less.
 A broken optimiser, head, feature path or reward (the coordinator then stays at one member, ~1/3) fails it."""
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from trinity.coordinator.roles import parse_verdict
+from trinity.evolve import known_answer as ka
+from trinity.grading import grade
 
-from trinity.coordinator.roles import parse_verdict  # noqa: E402
-import known_answer as ka  # noqa: E402
-from trinity.grading import grade  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_scripted_pool_competence_is_known():

@@ -1,4 +1,4 @@
-"""A run's stored requests, asked again through a fresh pool: what the local-engine benches share.
+"""What several benches share: a run's stored requests, asked again through a fresh pool.
 
 - `stored_requests`: the first n successful requests a run made (every member of the pool, roles worker / thinker /
   verifier, in the order they were made), read from its store opened read-only, each with the reply the run got.
@@ -6,7 +6,7 @@
   own concurrency limits (`pool.max_concurrency` in flight, as a generation keeps them), from fresh servers or
   freshly loaded models, stopped again after.
 
-Used by bench/local_engines.py (throughput per engine) and bench/engine_determinism.py (identical replies between
+Used by bench.local_engines (throughput per engine) and bench.engine_determinism (identical replies between
 two fresh replays). Not a bench itself.
 """
 from __future__ import annotations
@@ -18,14 +18,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
-from trinity.config import PoolSettings  # noqa: E402
-from trinity.pool.llama_server import LLAMA_SERVERS  # noqa: E402
-from trinity.pool.runtime import build_pool  # noqa: E402
-from trinity.records import ChatMessage, SamplingParams  # noqa: E402
-from trinity.store import Store  # noqa: E402
+from trinity.config import PoolSettings
+from trinity.pool.llama_server import LLAMA_SERVERS
+from trinity.pool.runtime import build_pool
+from trinity.records import ChatMessage, SamplingParams
+from trinity.store import Store
 
 ROLES = ("worker", "thinker", "verifier")
 
