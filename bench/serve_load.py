@@ -155,7 +155,7 @@ async def served_stored(base: str, qs: list[str], reps: int, fmt: str) -> list[f
 
 async def in_process_stored(coordinator, qs: list[str], reps: int, fmt: str) -> list[float]:
     """The same replays through Coordinator.answer in this process (one warm-up each)."""
-    from trinity.serving.conversation import task_from_messages
+    from trinity.serving.messages import task_from_messages
 
     med = []
     for q in qs:

@@ -63,7 +63,7 @@ def check_dvc_remote(dvc_remote: str | None) -> str:
 def check_git(git_remote: str | None, follow: str | None) -> str:
     """The work tree, the git remote the proposal goes to, and the branch the checkout follows (its remote has
     it); returns "<remote>/<branch>"."""
-    from trinity.ops.deploy import check_follow, resolve_git_remote
+    from trinity.ops.git_checkout import check_follow, resolve_git_remote
 
     resolve_git_remote(ROOT, git_remote)
     return check_follow(ROOT, follow)
@@ -72,7 +72,7 @@ def check_git(git_remote: str | None, follow: str | None) -> str:
 @task(name="git-fast-forward", cache_policy=NO_CACHE)
 def git_fast_forward(follow: str | None):
     """`git fetch` of the followed branch, then a fast-forward of the checkout's branch to it (never a merge)."""
-    from trinity.ops.deploy import fast_forward
+    from trinity.ops.git_checkout import fast_forward
 
     ff = fast_forward(ROOT, follow)
     print(f"[retrain] {ff.message()}" + (f"; set back {list(ff.restored)} (the incoming commits bring the same "
@@ -83,7 +83,7 @@ def git_fast_forward(follow: str | None):
 @task(name="dvc-status", cache_policy=NO_CACHE)
 def dvc_status() -> dict:
     """What changed since the outputs were made (`dvc status`): {} when nothing did."""
-    from trinity.ops.deploy import pipeline_changes
+    from trinity.ops.git_checkout import pipeline_changes
 
     changes = pipeline_changes(ROOT, _dvc_env())
     if changes:
@@ -122,7 +122,7 @@ def git_commit(remote: str) -> tuple[str | None, str]:
     when nothing changed."""
     from prefect.runtime import flow_run
 
-    from trinity.ops.deploy import propose_pipeline_state
+    from trinity.ops.git_checkout import propose_pipeline_state
 
     name = flow_run.get_name()
     branch = proposal_branch(name)

@@ -82,7 +82,8 @@ def evaluate_weight(settings, paths, tasks, w: float) -> dict:
     from trinity.code_version import code_version
     from trinity.coordinator import policy
     from trinity.evaluation.results import EvalResults
-    from trinity.evaluation.run import evaluate, summarise
+    from trinity.evaluation.run import evaluate
+    from trinity.evaluation.summary import summarise
     from trinity.grading import grade
     from trinity.pool.runtime import build_pool
     from trinity.stages.evolve import train_and_save

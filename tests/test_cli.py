@@ -201,7 +201,8 @@ def test_episodes_play_off_the_event_loop_and_report_turns_on_it(project, tmp_pa
     import asyncio
     import threading
 
-    from trinity.serving.conversation import Coordinator, task_from_messages
+    from trinity.serving.conversation import Coordinator
+    from trinity.serving.messages import task_from_messages
 
     encoder = project["encoder"]
     encode_threads: list[str] = []

@@ -11,7 +11,8 @@ from scripted_pool import HashEncoder, ScriptedModel
 from trinity.config import PoolMember, Settings
 from trinity.coordinator.episode import StateCache
 from trinity.evaluation.results import EvalResults
-from trinity.evaluation.run import evaluate, summarise
+from trinity.evaluation.run import evaluate
+from trinity.evaluation.summary import summarise
 from trinity.pool.runtime import Pool
 from trinity.records import ChatResponse, Task
 from trinity.store import Store

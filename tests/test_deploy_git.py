@@ -1,5 +1,5 @@
-"""weekly-retrain's git side (trinity.ops.deploy): the work tree and git remote checked by name, and the commit that
-records what the pipeline pushed — dvc.lock, reports/, DVC's .gitignore entries — and nothing else, proposed on a
+"""weekly-retrain's git side (trinity.ops.git_checkout): the work tree and git remote checked by name, and the commit
+that records what the pipeline pushed — dvc.lock, reports/, DVC's .gitignore entries — and nothing else, proposed on a
 branch of its own: the checkout's branch, index and work tree untouched. Before that, the checkout is brought to the
 branch it follows (fetch, then a fast-forward only: real repositories, a bare `origin` and a colleague's clone), and
 `dvc status` says whether anything changed."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trinity.ops.deploy import FALLBACK_AUTHOR, GitError, propose_pipeline_state, resolve_git_remote
+from trinity.ops.git_checkout import FALLBACK_AUTHOR, GitError, propose_pipeline_state, resolve_git_remote
 
 
 def _git(cwd: Path, *args: str, env: dict | None = None) -> str:
@@ -94,7 +94,7 @@ def test_git_remote_and_work_tree_are_checked_by_name(checkout, tmp_path):
 
 # ---------------------------------------------------------------- weekly-retrain follows a branch: fetch, fast-forward
 
-from trinity.ops.deploy import check_follow, fast_forward, pipeline_changes, resolve_follow  # noqa: E402
+from trinity.ops.git_checkout import check_follow, fast_forward, pipeline_changes, resolve_follow  # noqa: E402
 
 ID = ("-c", "user.name=u", "-c", "user.email=u@u")
 

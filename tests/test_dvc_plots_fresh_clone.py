@@ -91,7 +91,7 @@ def test_a_fresh_clone_shows_the_fitness_plot_without_a_pull(tmp_path):
 def test_weekly_retrain_commits_every_output_kept_in_git():
     """An output in git (`cache: false`) is pipeline state: weekly-retrain's proposal commits it with dvc.lock (a
     lock naming a history the commit lacks would be a lie), and a fast-forward may replace it."""
-    from trinity.ops.deploy import PIPELINE_STATE_PATHS, is_pipeline_state
+    from trinity.ops.git_checkout import PIPELINE_STATE_PATHS, is_pipeline_state
 
     in_git = sorted(p for p, opts in _outs(_dvc_yaml()).items() if opts.get("cache") is False)
     assert "data/evolve/history.json" in in_git

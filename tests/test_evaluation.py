@@ -12,7 +12,9 @@ from trinity.stages import common as stage_common, paths as stage_paths, run_sta
 from trinity.config import ConfigError, DataSettings, PoolMember, Settings, load_settings
 from trinity.coordinator.episode import StateCache
 from trinity.data.splits import ContaminationError, build_all_splits, save_tasks
-from trinity.evaluation.run import ORACLE, evaluate, summarise
+from trinity.evaluation.items import ORACLE
+from trinity.evaluation.run import evaluate
+from trinity.evaluation.summary import summarise
 from trinity.grading.judge import MTBenchJudge, judge_member, load_judge_prompts
 from trinity.pool.runtime import Pool
 from trinity.records import ChatResponse, Task
@@ -416,7 +418,7 @@ def _task(tid: str, source: str, judged: bool = False) -> Task:
 def _item(method: str, task: Task, split: str, score=None, turn_scores=None):
     """A hand-made ItemResult: `score` for a one-unit item; `turn_scores` (None = no valid judgement) for a judged
     one, recorded as _judge_items records them."""
-    from trinity.evaluation.run import ItemResult
+    from trinity.evaluation.items import ItemResult
 
     judge, error = [], None
     if turn_scores is not None:
@@ -442,7 +444,7 @@ def _mt_items(methods=tuple(MT_TURNS)):
 
 
 def test_mt_bench_is_scored_per_turn_and_paired_on_the_item_turn_units_both_have():
-    from trinity.evaluation.run import EvalRun
+    from trinity.evaluation.items import EvalRun
 
     t = summarise(EvalRun(_mt_items(("trinity", "alone:x", "random-routing")), {}, 1.0), resamples=300, seed=0)
     trinity = t["scores"]["trinity"]["mt_bench"]
@@ -474,7 +476,7 @@ def test_mt_bench_is_scored_per_turn_and_paired_on_the_item_turn_units_both_have
 
 
 def test_pooled_paired_per_split_against_one_best_member_chosen_on_the_pooled_score():
-    from trinity.evaluation.run import EvalRun
+    from trinity.evaluation.items import EvalRun
 
     plan = {  # in-distribution: math500, mmlu; held-out: gpqa (+ MT-Bench)
         "math500": {"trinity": [1, 1, 0], "alone:x": [1, 0, 0], "alone:y": [0, 0, 1], "random-routing": [0, 0, 0]},

@@ -21,7 +21,8 @@ from trinity.config import PoolMember, PoolSettings
 from trinity.pool.base import ChatModel
 from trinity.pool.errors import MissingApiKeyError, PoolConfigError
 from trinity.pool.members import check_pool_config
-from trinity.pool.openai_compat import OpenAICompatibleChatModel, parse_retry_after
+from trinity.pool.openai_compat import OpenAICompatibleChatModel
+from trinity.pool.openai_wire import parse_retry_after
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 from trinity.redact import RedactingFilter, redact, redact_text, register_secret_env_names
 
@@ -463,7 +464,7 @@ def test_verifier_asks_for_structured_verdict_and_reads_it(api_key, transport):
     and an ACCEPT/REJECT "verdict"), and the JSON reply is read as the verdict. Other roles send no
     response_format and keep the store key they had before output formats existed (no identity entry)."""
     from trinity.coordinator.roles import Role, Turn, role_messages, turn_of
-    from trinity.pool.openai_compat import VERDICT_RESPONSE_FORMAT
+    from trinity.pool.openai_wire import VERDICT_RESPONSE_FORMAT
     from trinity.pool.runtime import Pool
     from trinity.records import Task
     from trinity.store import response_key

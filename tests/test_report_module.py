@@ -9,7 +9,7 @@ import pytest
 from matplotlib.image import imread
 
 from trinity.evaluation import report
-from trinity.evaluation.report import format as report_format, plots, tables, traces
+from trinity.evaluation.report import format as report_format, plots, reading as report_reading, tables, traces
 from trinity.evaluation.results import EvalResults
 
 POOL = ["alpha", "beta"]
@@ -354,7 +354,7 @@ def test_reading_calls_no_outcome_on_too_few_items_but_says_which_way_the_estima
                    "gpqa": [{"a": "trinity", "b": "alone:x", "label": "best single member", "diff": 0.5,
                              "ci95": [0.0, 1.0], "n": 2, "small_sample": True, "outcome": "too few items"}]},
         "bootstrap": {"small_sample_below": 30}}
-    text = tables.reading(EvalResults.from_dict(results))
+    text = report_reading.reading(EvalResults.from_dict(results))
     assert ("Against the best single member, on the point estimate only (too few paired items to call a win or a "
             "loss), the coordinator is ahead on gpqa (+0.500); **is behind** on aime (-0.500).") in text
     assert "loses on none" not in text and "fewer than 5 paired items none is called" in text

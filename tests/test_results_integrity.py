@@ -481,7 +481,8 @@ def _report_inputs(paths) -> None:
     import json
 
     from trinity.coordinator.roles import make_turn
-    from trinity.evaluation.run import EvalRun, ItemResult, summarise
+    from trinity.evaluation.items import EvalRun, ItemResult
+    from trinity.evaluation.summary import summarise
 
     paths.eval_dir.mkdir(parents=True)
     paths.evolve_dir.mkdir(parents=True)

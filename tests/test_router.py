@@ -11,7 +11,8 @@ from trinity.config import PoolMember, Settings
 from trinity.coordinator.episode import Episode, StateCache, episode_rng, play_episodes
 from trinity.coordinator.roles import ROLES, Role, allowed_roles
 from trinity.coordinator.router import ROUTER, router_settings
-from trinity.evaluation.run import evaluate, summarise
+from trinity.evaluation.run import evaluate
+from trinity.evaluation.summary import summarise
 from trinity.evolve.loop import evolve
 from trinity.pool.runtime import Pool
 from trinity.records import ChatResponse, Task

@@ -553,8 +553,8 @@ def test_zz_shutdown_the_key_is_nowhere_and_the_trace_renders(setup, capsys, mon
 
 
 def test_message_lists_map_onto_tasks():
-    """(No server.) The OpenAI message list → Task mapping behind every request (conversation.task_from_messages)."""
-    from trinity.serving.conversation import ConversationError, task_from_messages
+    """(No server.) The OpenAI message list → Task mapping behind every request (messages.task_from_messages)."""
+    from trinity.serving.messages import ConversationError, task_from_messages
 
     t = task_from_messages([{"role": "developer", "content": "Rule A."}, {"role": "user", "content": "Hi."},
                             {"role": "user", "content": "I have 3 cats."}, {"role": "assistant", "content": "Nice."},
@@ -582,7 +582,7 @@ def test_failures_that_would_repeat_tell_clients_not_to_retry():
     outage; a finish_reason for the answer's turn."""
     from trinity.records import ChatResponse, Task
     from trinity.serving.conversation import EpisodeResult, TurnRecord
-    from trinity.serving.server import episode_error
+    from trinity.serving.protocol import episode_error
 
     task = Task(id="chat/1", source="chat", prompt=("hi",), grader="judge")
 

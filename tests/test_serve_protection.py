@@ -29,7 +29,8 @@ from trinity.coordinator.roles import Role
 from trinity.pool.runtime import Pool
 from trinity.records import ChatResponse
 from trinity.serving.conversation import Coordinator
-from trinity.serving.server import ExposureError, check_exposure, create_app, is_loopback, run_server
+from trinity.serving.security import ExposureError, check_exposure, is_loopback
+from trinity.serving.server import create_app, run_server
 from trinity.serving.traces import RETENTION_ENV, TraceLog
 from trinity.store import Store
 

@@ -8,6 +8,7 @@ import pytest
 
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 from trinity.store import Store, response_key
+from trinity.store_segments import export_parquet
 
 
 def test_response_roundtrip_and_reopen(tmp_path):
@@ -48,7 +49,7 @@ def test_parquet_export(tmp_path):
         s.put_states("enc", ["a"], np.ones((1, 4), np.float32))
         s.put_episodes([{"run_id": "r", "generation": 0, "candidate": 1, "task_id": "t", "path": [["0", "worker"]],
                          "reward": 1.0, "correct": 1.0, "cost_usd": 0.0}])
-        paths = s.export_parquet(tmp_path / "out")
+        paths = export_parquet(s, tmp_path / "out")
     assert pq.read_table(paths["states"]).num_rows == 1
     assert pq.read_table(paths["episodes"]).num_rows == 1
     assert pq.read_table(paths["responses"]).num_rows == 0

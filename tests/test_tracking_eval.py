@@ -16,8 +16,8 @@ import yaml
 
 from trinity.config import load_settings
 from trinity.evaluation.results import EvalResults
-from trinity.ops.tracking import (StageRun, artifact_name, content_alias, log_eval_results, recorded_inputs,
-                                  restore_lineage, wandb_group)
+from trinity.ops.tracking import StageRun, log_eval_results, wandb_group
+from trinity.ops.wandb_artifacts import artifact_name, content_alias, recorded_inputs, restore_lineage
 
 KEY_ENV = "TRINITY_TRACKING_TEST_CRED"  # a name redact would not guess: only the pool registration catches it
 BENCHMARKS = ("math500", "mt_bench")

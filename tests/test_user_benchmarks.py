@@ -133,7 +133,8 @@ def test_splits_draw_it_like_a_staged_benchmark_and_the_guard_holds(root, tmp_pa
 def test_its_items_go_through_the_evaluation_and_open_questions_to_the_judge(tmp_path):
     from scripted_pool import HashEncoder, ScriptedModel
     from trinity.coordinator.episode import StateCache
-    from trinity.evaluation.run import evaluate, summarise
+    from trinity.evaluation.run import evaluate
+    from trinity.evaluation.summary import summarise
     from trinity.grading.judge import MTBenchJudge, judge_member, load_judge_prompts
     from trinity.pool.runtime import Pool
     from trinity.store import Store

@@ -14,7 +14,7 @@ One DuckDB file (one writer process at a time: DuckDB's rule) with three tables:
              A segment is written (atomic rename) before its index rows commit, so a crash leaves at most an
              unreferenced file, never a row without its vector.
 - episodes:  (run, generation, candidate, task) → path, reward, cost.
-Each write is one transaction, so a crash mid-write leaves no half rows. `export_parquet` writes each
+Each write is one transaction, so a crash mid-write leaves no half rows. `store_segments.export_parquet` writes each
 table to Parquet for DVC and for scans with DuckDB/pyarrow.
 
 Readers (the report stage, `trinity ask`) open the store with `read_only=True` (or `Store.open_or_read`),
@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from trinity.env import env_flag
-from trinity.files import atomic_open, atomic_path
+from trinity.files import atomic_open
 from trinity.records import ChatMessage, ChatResponse, SamplingParams, stable_hash
 
 _SCHEMA = """
@@ -399,44 +399,6 @@ class Store:
                                      "path, reward, correct, cost_usd FROM _new_episodes")
             finally:
                 self.con.unregister("_new_episodes")
-
-    # ---------------------------------------------------------------- export
-    def export_parquet(self, out_dir: str | Path,
-                       tables: Sequence[str] = ("responses", "failures", "states", "episodes")) -> dict[str, Path]:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        paths = {}
-        present = {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        for t in tables:
-            if t not in present:  # a store written before this table existed, opened read-only
-                continue
-            p = out_dir / f"{t}.parquet"
-            with atomic_path(p) as tmp:
-                if t == "states":
-                    self._export_states(tmp)
-                else:
-                    self.con.execute(f"COPY (SELECT * FROM {t} ORDER BY ALL) TO '{tmp}' (FORMAT PARQUET)")
-            paths[t] = p
-        return paths
-
-    def _export_states(self, dest: Path) -> None:
-        import pyarrow.parquet as pq
-
-        rows = self.con.execute("SELECT encoder_id, key, dim FROM states ORDER BY encoder_id, key").fetchall()
-        schema = pa.schema([("encoder_id", pa.string()), ("key", pa.string()), ("dim", pa.int32()),
-                            ("state", pa.list_(pa.float32()))])
-        with pq.ParquetWriter(dest, schema) as w:
-            for i in range(0, len(rows), 10_000):
-                chunk = rows[i:i + 10_000]
-                by_enc: dict[str, list[str]] = {}
-                for enc, k, _ in chunk:
-                    by_enc.setdefault(enc, []).append(k)
-                vecs = {}
-                for enc, ks in by_enc.items():
-                    vecs.update({(enc, k): v for k, v in self.get_states(enc, ks).items()})
-                w.write_table(pa.table({
-                    "encoder_id": [r[0] for r in chunk], "key": [r[1] for r in chunk], "dim": [r[2] for r in chunk],
-                    "state": [vecs[(r[0], r[1])].tolist() for r in chunk]}, schema=schema))
 
     def close(self) -> None:
         self.con.close()

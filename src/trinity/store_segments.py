@@ -23,11 +23,13 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trinity.files import atomic_path
 from trinity.store import Store
 
 RESPONSES = "responses"
@@ -224,3 +226,41 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def export_parquet(store, out_dir: str | Path,
+                   tables: Sequence[str] = ("responses", "failures", "states", "episodes")) -> dict[str, Path]:
+    """Every table of `store` (a `trinity.store.Store`) as one Parquet file in `out_dir` (`trinity export`): rows
+    in a stable order, hidden states as float32 lists; a table the store lacks is left out."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    present = {r[0] for r in store.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    for t in tables:
+        if t not in present:  # a store written before this table existed, opened read-only
+            continue
+        p = out_dir / f"{t}.parquet"
+        with atomic_path(p) as tmp:
+            if t == "states":
+                _export_states(store, tmp)
+            else:
+                store.con.execute(f"COPY (SELECT * FROM {t} ORDER BY ALL) TO '{tmp}' (FORMAT PARQUET)")
+        paths[t] = p
+    return paths
+
+def _export_states(store, dest: Path) -> None:
+    rows = store.con.execute("SELECT encoder_id, key, dim FROM states ORDER BY encoder_id, key").fetchall()
+    schema = pa.schema([("encoder_id", pa.string()), ("key", pa.string()), ("dim", pa.int32()),
+                        ("state", pa.list_(pa.float32()))])
+    with pq.ParquetWriter(dest, schema) as w:
+        for i in range(0, len(rows), 10_000):
+            chunk = rows[i:i + 10_000]
+            by_enc: dict[str, list[str]] = {}
+            for enc, k, _ in chunk:
+                by_enc.setdefault(enc, []).append(k)
+            vecs = {}
+            for enc, ks in by_enc.items():
+                vecs.update({(enc, k): v for k, v in store.get_states(enc, ks).items()})
+            w.write_table(pa.table({
+                "encoder_id": [r[0] for r in chunk], "key": [r[1] for r in chunk], "dim": [r[2] for r in chunk],
+                "state": [vecs[(r[0], r[1])].tolist() for r in chunk]}, schema=schema))

@@ -15,7 +15,8 @@ Lineage is to exact versions. An artifact version is named by its content: the p
 files it read, so an evaluation points at the checkpoint it evaluated, even after an ablation logged others.
 Online, `use_artifact` draws the edge; offline (W&B cannot declare inputs then), the exact inputs are recorded in
 the run's config and summary (`inputs`), and `restore_lineage` declares them through the public API once
-`wandb sync` has uploaded the runs (`python -m trinity.ops.tracking sync`).
+`wandb sync` has uploaded the runs (`python -m trinity.ops.tracking sync`). Artifact names, content aliases and
+the offline sync are in trinity.ops.wandb_artifacts.
 
 Where W&B keeps its files. Runs are written under WANDB_DIR (default `data/wandb`, inside the project). W&B
 also copies every artifact file (and every logged table: tables are artifacts too) to a *staging* dir,
@@ -29,7 +30,6 @@ what a later `wandb sync` needs (at the same absolute path, as W&B records absol
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sys
@@ -44,11 +44,11 @@ from trinity.code_version import code_version
 from trinity.config import PROJECT_ROOT, Settings
 from trinity.files import write_json
 from trinity.evaluation.results import SPLIT_KEYS, Cell, EvalResults
+from trinity.ops.wandb_artifacts import (INPUTS_FILE, _NAME_MAXLEN, _artifact_type, _json_safe, _redacted_text_of,
+                                         artifact_name, content_alias, sync)
 from trinity.redact import redact, redact_text, register_pool
 
 GROUP_ENV = "TRINITY_WANDB_GROUP"
-INPUTS_FILE = "trinity_inputs.json"
-"""The run's exact inputs, as a file of the run (in its files/ directory), for `restore_lineage` after a sync."""
 RUN_FILE = "trinity_run.json"
 """Who the run is and the keys it logged (history and summary), as a file of the run written when it ends: what
 `trinity.ops.wandb_report` builds an offline report from (online it asks W&B's public API, `wandb.Api().runs`)."""
@@ -67,11 +67,6 @@ _WANDB_STORAGE_ENV = {"WANDB_DATA_DIR": "wandb-data", "WANDB_CACHE_DIR": "wandb-
 # Values this module set itself: a later StageRun with another WANDB_DIR (tests, several roots in one
 # process) moves them along; a value the user set is never touched.
 _own_env: dict[str, str] = {}
-
-# Files whose text is checked for secrets before it goes into an artifact.
-_TEXT_SUFFIXES = frozenset({".json", ".jsonl", ".md", ".txt", ".yaml", ".yml", ".csv", ".tsv", ".log",
-                            ".html", ".toml", ".ini", ".cfg", ".py", ".lock"})
-_NAME_MAXLEN = 128
 
 
 def wandb_group() -> str:
@@ -167,73 +162,12 @@ def pipeline_run_id() -> str:
     return f"proc-{_stamp(me.create_time())}-{me.pid}"
 
 
-def artifact_name(name: str) -> str:
-    """`name` as a valid W&B artifact name: letters, digits, '-', '_' and '.', at most 128 characters
-    (other runs of characters, e.g. '/', ':' or spaces, become one '-')."""
-    clean = re.sub(r"[^A-Za-z0-9._-]+", "-", redact_text(str(name))).strip("-.")
-    return clean[:_NAME_MAXLEN].rstrip("-.") or "artifact"
-
-
-def content_alias(paths: Iterable[Path]) -> str:
-    """`c-<hash>` of the files an artifact holds (each file by its name as logged, a directory by its tree): the
-    same files give the same alias, so a consumer names the exact version a producer logged."""
-    import hashlib
-
-    h = hashlib.sha256()
-    entries = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            entries += [(f"{p.name}/{f.relative_to(p).as_posix()}", f) for f in sorted(p.rglob("*")) if f.is_file()]
-        elif p.is_file():
-            entries.append((p.name, p))
-        else:
-            raise FileNotFoundError(f"no such file or directory: {p}")
-    for entry, f in sorted(entries):
-        h.update(entry.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
-    return "c-" + h.hexdigest()[:20]
-
-
-def _artifact_type(type: str) -> str:
-    clean = artifact_name(type)
-    return clean if not clean.startswith("wandb-") else "trinity-" + clean  # "wandb-*" types are reserved
-
-
 def _set_storage_env(wandb_dir: Path) -> None:
     for name, sub in _WANDB_STORAGE_ENV.items():
         current = os.environ.get(name)
         if not current or _own_env.get(name) == current:
             value = str((wandb_dir / sub).resolve())
             os.environ[name] = _own_env[name] = value
-
-
-def _json_safe(obj: Any) -> Any:
-    """Artifact metadata as W&B accepts it: JSON types only, no NaN/inf (the backend refuses them)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (str, bool, int)):
-        return obj
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [_json_safe(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        try:
-            return _json_safe(obj.item())
-        except (TypeError, ValueError):
-            pass
-    return str(obj)
-
-
-def _redacted_text_of(path: Path) -> str | None:
-    """The redacted text of a text file that contains a secret, else None (clean, or not text)."""
-    if path.suffix.lower() not in _TEXT_SUFFIXES:
-        return None
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (UnicodeDecodeError, OSError):
-        return None
-    red = redact_text(text)
-    return red if red != text else None
 
 
 class StageRun:
@@ -465,51 +399,8 @@ def log_eval_results(tracker: StageRun, results: EvalResults, plots_dir: Path | 
     tracker.summary(values)
 
 
-def recorded_inputs(run_dir: Path) -> list[dict]:
-    """The exact inputs an (offline) run recorded (`INPUTS_FILE` in its files/ directory); [] when it used none."""
-    path = Path(run_dir) / "files" / INPUTS_FILE
-    return json.loads(path.read_text()) if path.exists() else []
-
-
-def restore_lineage(api, run_path: str, inputs: list[dict]) -> list[str]:
-    """Declare, through W&B's public API (`wandb.Api()`), the inputs an offline run recorded as used by that run
-    once synced (`run_path`: entity/project/run_id): the versions `<name>:<alias>` of the run's project. Returns
-    the artifacts declared."""
-    entity_project = run_path.rsplit("/", 1)[0]
-    run = api.run(run_path)
-    done = []
-    for e in inputs:
-        ref = f"{entity_project}/{e['name']}:{e['alias']}"
-        run.use_artifact(api.artifact(ref, type=e["type"]))
-        done.append(ref)
-    return done
-
-
-def sync(wandb_dir: Path, project: str = "trinity", entity: str | None = None,
-         timeout_s: float = 600) -> list[tuple[str, list[str]]]:
-    """`wandb sync` every offline run under `wandb_dir` (each under a timeout: it hangs when the server is out of
-    reach), then `restore_lineage` of each; returns (run path, artifacts declared) per run. Needs W&B online."""
-    import subprocess
-
-    import wandb
-
-    api = wandb.Api()
-    out = []
-    for run_dir in sorted(Path(wandb_dir).glob("wandb/offline-run-*")):
-        cmd = [sys.executable, "-m", "wandb", "sync", "--project", project, *(["--entity", entity] if entity else []),
-               str(run_dir)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        if r.returncode != 0:
-            raise RuntimeError(f"`wandb sync {run_dir}` failed (exit {r.returncode}): {(r.stderr or r.stdout)[-500:]}")
-        run_id = run_dir.name.rsplit("-", 1)[-1]
-        path = f"{entity or api.default_entity}/{project}/{run_id}"
-        out.append((path, restore_lineage(api, path, recorded_inputs(run_dir))))
-    return out
-
-
 __all__ = ["EVAL_PAIRED_TABLE", "EVAL_SUMMARY_TABLE", "EVAL_TABLE_PREFIX", "GROUP_ENV", "PLOTS_PREFIX", "RUN_FILE", "StageRun",
-           "artifact_name", "content_alias", "group_name", "log_eval_results", "pipeline_run_id", "recorded_inputs",
-           "restore_lineage", "sync", "wandb_group"]
+           "group_name", "log_eval_results", "pipeline_run_id", "wandb_group"]
 
 
 if __name__ == "__main__":  # python -m trinity.ops.tracking sync [WANDB_DIR] [--entity E]

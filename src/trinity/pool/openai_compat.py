@@ -21,36 +21,38 @@ Per call:
   * a reply that parses but carries no answer (no choices, null or empty content) is a failed
     ChatResponse with the reason, not retried: the endpoint answered, and it was billed.
   * never raises for model-side failures: the result is a ChatResponse with ok=False and the reason.
-  * an output format (`SamplingParams.output_format`) is sent as `response_format` (`output_response_format`):
-    a "verdict" request (the Verifier's) asks for OpenAI structured outputs, a JSON object {"reason": str,
-    "verdict": "ACCEPT" | "REJECT"} under a strict JSON schema (the form vLLM, SGLang, Ollama and llama.cpp's
-    server accept too); the reply text is that JSON, which `trinity.coordinator.roles.parse_verdict` reads. The
-    response_format is part of the request's identity (`request_identity`), hence of its store key.
+  * an output format (`SamplingParams.output_format`) is sent as `response_format`
+    (`openai_wire.output_response_format`): a "verdict" request (the Verifier's) asks for OpenAI structured
+    outputs, a JSON object {"reason": str, "verdict": "ACCEPT" | "REJECT"} under a strict JSON schema (the
+    form vLLM, SGLang, Ollama and llama.cpp's server accept too); the reply text is that JSON, which
+    `trinity.coordinator.roles.parse_verdict` reads. The response_format is part of the request's identity
+    (`request_identity`), hence of its store key.
   * a failure's kind (`ChatResponse.failure`): "deterministic" when the request itself is refused (HTTP
     400/413/422: invalid, too long, filtered) or answered without content — the pool stores it as the
     answer; "transient" for everything else (throttling, 5xx, timeouts, dropped connections, truncated
     bodies, exhausted quota, auth) — an outage is not a sample: counted, logged, asked again next run.
 
 Secrets: the API key is read from os.environ[member.api_key_env] once, at construction. It lives only
-in the SDK client and in a holder whose repr is masked (used to scrub error texts); it is in no repr,
-and every error text that leaves this module goes through `trinity.redact` with the key as an
-explicit secret (a proxy that echoes the Authorization header in an error body is scrubbed too).
+in the SDK client and in a holder whose repr is masked (`openai_transport._Secret`, used to scrub error
+texts); it is in no repr, and every error text that leaves this module goes through `trinity.redact` with
+the key as an explicit secret (a proxy that echoes the Authorization header in an error body is scrubbed too).
+
+Beside it: `trinity.pool.openai_wire` (the output format's response_format; reading replies and errors: usage,
+Retry-After, error messages and codes) and `trinity.pool.openai_transport` (the SDK's HTTP transport, closing a
+client with its event loop, the key's masked holder, the public URL).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
-import email.utils
-import importlib.util
 import json
 import logging
 import random
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Mapping, Sequence
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Awaitable, Callable, Literal, Sequence
 
 import httpx2
 import openai
@@ -58,6 +60,9 @@ import openai
 from trinity.config import PoolMember
 from trinity.pool.base import LoopLocalSemaphore
 from trinity.pool.errors import PoolConfigError, api_key_from_env
+from trinity.pool.openai_transport import _close_at_loop_end, _close_on, _http_client, _public_url, _Secret
+from trinity.pool.openai_wire import (_cause_chain, _error_code, _error_message, _excerpt, _is_real_timeout, _usage,
+                                      output_response_format, parse_retry_after)
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 from trinity.redact import redact_text, register_secret_env_names
 
@@ -67,33 +72,6 @@ _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _DETERMINISTIC_STATUS = frozenset({400, 413, 422})
 """Refusals of the request itself (invalid, too long, content filter): stored as the answer, not retried."""
 _NO_KEY_PLACEHOLDER = "no-key"  # the SDK insists on some key; keyless local servers ignore it
-_ERROR_EXCERPT_CHARS = 300
-
-
-VERDICT_RESPONSE_FORMAT: dict[str, Any] = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "verdict",
-        "strict": True,
-        "schema": {
-            "type": "object",
-            "properties": {"reason": {"type": "string"}, "verdict": {"type": "string", "enum": ["ACCEPT", "REJECT"]}},
-            "required": ["reason", "verdict"],
-            "additionalProperties": False,
-        },
-    },
-}
-"""The Verifier's reply as structured output: one short reason, then the verdict field (reason first, as in
-the text form: the verdict is decoded after it)."""
-
-
-def output_response_format(sampling: SamplingParams) -> dict[str, Any] | None:
-    """The `response_format` that enforces `sampling.output_format` (None: free text)."""
-    if sampling.output_format is None:
-        return None
-    if sampling.output_format == "verdict":
-        return VERDICT_RESPONSE_FORMAT
-    raise ValueError(f"API members have no response_format for output_format {sampling.output_format!r}")
 
 
 @dataclass(frozen=True)
@@ -435,163 +413,4 @@ class OpenAICompatibleChatModel:
         return redact_text(text, extra_secrets=self._key.values())
 
 
-def _close_on(loop: asyncio.AbstractEventLoop, client: Any) -> None:
-    """Close `client` on `loop` (from any thread), unless the loop is gone (its shutdown closed the client)."""
-    async def close() -> None:
-        with contextlib.suppress(Exception):
-            await client.close()
-
-    with contextlib.suppress(RuntimeError):  # the loop is closed
-        if not loop.is_closed():
-            asyncio.run_coroutine_threadsafe(close(), loop)
-
-
-async def _close_at_loop_end(client: Any) -> AsyncIterator[None]:
-    """An async generator whose only job is its `finally`: once started on a loop, the loop's shutdown
-    (`asyncio.run` calls `loop.shutdown_asyncgens()` before closing it; PEP 525) finalises it, closing `client`."""
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            await client.close()
-
-
-class _Secret:
-    """Holds a key so that printing the holder (repr, vars(), a debugger) never shows it."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str | None) -> None:
-        self._value = value
-
-    def values(self) -> tuple[str, ...]:
-        return (self._value,) if self._value else ()
-
-    def __repr__(self) -> str:
-        return "_Secret('***')" if self._value else "_Secret(None)"
-
-    __str__ = __repr__
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a secret is not picklable")
-
-
-# -- helpers -----------------------------------------------------------------------------------------
-def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
-    """Seconds to wait from `retry-after-ms`, or `Retry-After` as seconds or an HTTP date; None if absent
-    or unparseable. Negative values (a date in the past) become 0."""
-    ms = headers.get("retry-after-ms")
-    if ms:
-        with contextlib.suppress(ValueError):
-            return max(0.0, float(ms) / 1000.0)
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
-def _usage(usage: Any) -> tuple[int, int]:
-    if not isinstance(usage, dict):
-        return 0, 0
-
-    def num(key: str) -> int:
-        v = usage.get(key)
-        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 else 0
-
-    return num("prompt_tokens"), num("completion_tokens")
-
-
-def _error_message(e: openai.APIStatusError) -> str:
-    body = e.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return _excerpt(inner["message"])
-        return _excerpt(inner)
-    if body:
-        return _excerpt(body)
-    try:
-        return _excerpt(e.response.text)
-    except Exception:  # noqa: BLE001 - a body we cannot read is no reason to fail harder
-        return ""
-
-
-def _error_code(e: openai.APIStatusError) -> str | None:
-    body = e.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict):
-            return inner.get("code") or inner.get("type")
-    return None
-
-
-IDLE_CONNECTION_EXPIRY_S = 2.0
-"""How long the client keeps an idle connection for reuse: below the shortest idle limit of the servers we call
-(llama.cpp's server, cpp-httplib, closes a kept-alive connection after 5 s; the SDK's default, 5 s, races it), so a
-call never reuses a connection the server is closing. Against a remote API a lapsed connection costs one reconnect."""
-
-
-def _http_client(transport: str, member: PoolMember) -> Any:
-    """The SDK's aiohttp-backed client when asked for (or "auto" and aiohttp is installed), else the SDK's httpx
-    client; either drops idle connections after IDLE_CONNECTION_EXPIRY_S."""
-    if transport not in ("auto", "aiohttp", "httpx"):
-        raise PoolConfigError(f"pool member {member.name!r}: unknown transport {transport!r}")
-    limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100,
-                           keepalive_expiry=IDLE_CONNECTION_EXPIRY_S)
-    if transport == "httpx" or importlib.util.find_spec("aiohttp") is None:
-        if transport == "aiohttp":
-            raise PoolConfigError(f"pool member {member.name!r}: transport 'aiohttp' needs the aiohttp package")
-        return openai.DefaultAsyncHttpxClient(timeout=member.timeout_s, limits=limits)
-    return openai.DefaultAioHttpClient(timeout=member.timeout_s, limits=limits)
-
-
-def _is_real_timeout(e: BaseException) -> bool:
-    """True if the root cause of an SDK timeout error is a timeout, not a mapped connection failure."""
-    root: BaseException = e
-    seen = 0
-    while (root.__cause__ or root.__context__) is not None and seen < 10:
-        root = root.__cause__ or root.__context__  # type: ignore[assignment]
-        seen += 1
-    return isinstance(root, TimeoutError) or "Timeout" in type(root).__name__
-
-
-def _cause_chain(e: BaseException) -> str:
-    """'APIConnectionError: Connection error. <- RemoteProtocolError: peer closed ...' (bounded)."""
-    parts = []
-    cur: BaseException | None = e
-    while cur is not None and len(parts) < 4:
-        msg = str(cur)
-        part = f"{type(cur).__name__}: {msg}" if msg else type(cur).__name__
-        if not parts or parts[-1] != part:
-            parts.append(part)
-        cur = cur.__cause__ or cur.__context__
-    return _excerpt(" <- ".join(parts))
-
-
-def _excerpt(obj: Any) -> str:
-    s = obj if isinstance(obj, str) else json.dumps(obj, default=str)
-    s = " ".join(s.split())
-    return s if len(s) <= _ERROR_EXCERPT_CHARS else s[:_ERROR_EXCERPT_CHARS] + "..."
-
-
-def _public_url(url: str) -> str:
-    """The URL without credentials or query (both may carry keys)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
-
-
-__all__ = ["OpenAICompatibleChatModel", "UsageTotals", "parse_retry_after"]
+__all__ = ["OpenAICompatibleChatModel", "UsageTotals"]

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trinity.serving.conversation import ANSWER_FORMATS
+from trinity.serving.messages import ANSWER_FORMATS
 
 IGNORED_FIELDS_HEADER = "x-trinity-ignored-fields"
 
@@ -50,7 +50,7 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     model: str = Field(min_length=1)
-    messages: Any = None  # checked by `conversation.chat_messages`, which names the message and field at fault
+    messages: Any = None  # checked by `messages.chat_messages`, which names the message and field at fault
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
     n: int | None = None

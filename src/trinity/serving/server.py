@@ -6,7 +6,7 @@ Routes:
 - `GET /health`: liveness and what is served (no API key needed: for probes; it reveals no secret).
 - `POST /v1/chat/completions` (the body is a pydantic model, `openai_request.ChatCompletionRequest`; which fields
   are honoured, refused or ignored: `openai_request`'s doc):
-    * `model: "trinity"` plays one episode over the whole message list (`conversation.task_from_messages`) and
+    * `model: "trinity"` plays one episode over the whole message list (`messages.task_from_messages`) and
       returns the final Worker answer in the standard shape; `usage` is summed over every pool call of the
       episode (as recorded when paid: a stored reply keeps its figures); the `trinity` field is the trace
       (`EpisodeResult.summary`: episode id, who answered, per turn model / role / tokens / latency / verdict /
@@ -41,7 +41,7 @@ Protection (`create_app`'s `max_in_flight` and `deadline_s`; `trinity serve --ma
   concurrent request may share it): it finishes and is stored, like every call already paid, so asking again
   replays them and pays only for the rest. The trace is kept with outcome `cancelled`. At shutdown every running
   episode is cancelled the same way and the server waits (up to SHUTDOWN_WAIT_S) for the calls in flight.
-- Binding beyond loopback without an API key is refused (`check_exposure`) unless explicitly allowed
+- Binding beyond loopback without an API key is refused (`security.check_exposure`) unless explicitly allowed
   (`trinity serve --allow-unauthenticated`): anyone reaching the port could spend the pool's paid members.
 
 Concurrency: one process, one event loop, one `Coordinator` — one pool (requests stored or in flight are shared,
@@ -50,22 +50,21 @@ not repeated), one encoder, one store (this process is its only writer). An epis
 own (`Coordinator.answer`), so an encode never holds the event loop.
 
 The API key is compared in constant time and never logged, traced or stored: it is registered with
-`tracking_redact` and every log line goes through its `RedactingFilter`.
+`tracking_redact` and every log line goes through its `RedactingFilter` (`trinity.serving.security`).
+
+Beside it: `trinity.serving.protocol` (the OpenAI error shape `ApiError` and the episodes' errors, the request's
+validation, the server-sent events' framing) and `trinity.serving.security` (the API key, logging, the exposure check).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import logging
 import math
-import os
-import re
 import secrets
 import signal
 import statistics
-import sys
 import time
 import uuid
 from collections import deque
@@ -75,15 +74,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trinity.serving.conversation import (ANSWERED, CANCELLED, NO_ANSWER, ConversationError, Coordinator,
-                                          EpisodeResult, StopSignal, TurnRecord, chat_messages, task_from_messages)
-from trinity.serving.openai_request import IGNORED_FIELDS_HEADER, ChatRequest, RequestError, parse_chat_request
-from trinity.redact import RedactingFilter, redact_text, register_secret_env_names
+from trinity.serving.conversation import ANSWERED, Coordinator, EpisodeResult, StopSignal, TurnRecord
+from trinity.serving.messages import ConversationError, chat_messages, task_from_messages
+from trinity.serving.openai_request import IGNORED_FIELDS_HEADER, ChatRequest
+from trinity.serving.protocol import (CLIENT_LEFT, COORDINATOR_MODEL, ApiError, _client_disconnected, _content_pieces,
+                                      _EpisodeStream, _sse, deadline_error, episode_error, parse_request)
+from trinity.serving.security import api_key_from_env, check_exposure, configure_logging, is_loopback
 
 log = logging.getLogger("trinity.serving.server")
 
-COORDINATOR_MODEL = "trinity"
-API_KEY_ENV = "TRINITY_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 1_000_000
 DEFAULT_MAX_IN_FLIGHT = 32
 """Chat completions running at once by default (beyond: 429). Each episode holds one of the coordinator's
@@ -97,133 +96,6 @@ SHUTDOWN_WAIT_S = 60.0
 RETRY_AFTER_BOUNDS_S = (1, 60)
 """A 429's Retry-After, in whole seconds: the median duration of the last finished requests, within these (the
 OpenAI SDKs honour up to 60 s)."""
-CLIENT_LEFT = "the client disconnected"
-
-
-class ApiError(Exception):
-    """An error answered in the OpenAI shape. `retry`: whether asking again may succeed (the `x-should-retry`
-    header the OpenAI SDKs obey); None: no header (the client's default). `retry_after_s`: the `Retry-After`
-    header (whole seconds)."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, extra: dict | None = None, retry: bool | None = None,
-                 retry_after_s: int | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code, self.extra = (
-            status, message, type_, param, code, extra)
-        if retry is None and 400 <= status < 500 and status not in (408, 409, 429):
-            retry = False  # a client error is the same when asked again (the SDKs retry 408, 409 and 429)
-        self.retry = retry
-        self.retry_after_s = retry_after_s
-
-    def headers(self) -> dict[str, str]:
-        h = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
-        if self.retry is not None:
-            h["x-should-retry"] = "true" if self.retry else "false"
-        if self.retry_after_s is not None:
-            h["Retry-After"] = str(self.retry_after_s)
-        return h
-
-    def body(self) -> dict:
-        err = {"message": redact_text(self.message), "type": self.type, "param": self.param, "code": self.code}
-        if self.extra:
-            err.update(self.extra)
-        return {"error": err}
-
-
-def _sse(obj: Any) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
-
-
-def _content_pieces(text: str, words: int = 4) -> list[str]:
-    """The answer as streamed content deltas: runs of `words` words, whitespace kept (they join to the text)."""
-    tokens = re.findall(r"\s*\S+\s*|\s+", text)
-    return ["".join(tokens[i:i + words]) for i in range(0, len(tokens), words)] or [""]
-
-
-def episode_error(result: EpisodeResult) -> ApiError:
-    """The API error of an episode without an answer: 502 for a pool failure, 500 for no answer, 503 for an episode
-    cancelled while its client still waited (the server stopping); retryable only when a call failed for an outage
-    or the episode was cancelled (asking again replays its stored turns)."""
-    if result.outcome == CANCELLED:
-        return ApiError(503, f"episode {result.episode_id} was {result.reason}", "server_error", code="cancelled",
-                        extra={"trinity": result.summary()}, retry=True)
-    if result.outcome == NO_ANSWER:
-        return ApiError(500, f"the coordinator ended episode {result.episode_id} without an answer: {result.reason}",
-                        "server_error", code="no_answer", extra={"trinity": result.summary()}, retry=False)
-    failed = [{"member": m, "reason": why} for m, why in result.failures]
-    return ApiError(502, f"episode {result.episode_id}: no answer; {result.reason}", "upstream_error",
-                    code="pool_failure", extra={"members": failed, "trinity": result.summary()},
-                    retry=not result.deterministic)
-
-
-def deadline_error(episode_id: str, turns: list[TurnRecord], deadline_s: float) -> ApiError:
-    """The 504 of a request not answered within `deadline_s` (`turns`: those its episode played)."""
-    return ApiError(504, f"{episode_id} was not answered within the deadline of {deadline_s:g} s (trinity serve "
-                         f"--deadline-s): its remaining turns are cancelled; the {len(turns)} call(s) it made, and any "
-                         "in flight, are kept in the store, so asking again resumes from them", "timeout_error",
-                    code="deadline_exceeded", retry=True,
-                    extra={"trinity": {"episode_id": episode_id, "turns": [t.summary() for t in turns]}})
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is a loopback interface: localhost or a loopback address (127.0.0.0/8, ::1). Any other name
-    or address (0.0.0.0, ::, a hostname) may be reachable from elsewhere."""
-    if host.strip().lower().rstrip(".") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-class ExposureError(ValueError):
-    """A server that would listen beyond loopback without an API key, not explicitly allowed."""
-
-
-def check_exposure(host: str, api_key: str | None, allow_unauthenticated: bool = False) -> None:
-    """ExposureError when serving on `host` would hand anyone who reaches it the pool's members: a host beyond
-    loopback, no API key, and no explicit `allow_unauthenticated`."""
-    if api_key or allow_unauthenticated or is_loopback(host):
-        return
-    raise ExposureError(f"refusing to serve on {host} without an API key: anyone who reaches it could spend the "
-                        f"pool's members. Set {API_KEY_ENV} (clients then send 'Authorization: Bearer <key>'), or "
-                        "pass --allow-unauthenticated to serve it open")
-
-
-class _EpisodeStream(StreamingResponse):
-    """An episode's server-sent events. However the response ends before the episode does — its client dropped
-    the stream (the stream is cancelled, or never started), or the server stops — the episode's remaining turns
-    are cancelled."""
-
-    def __init__(self, content, episode: asyncio.Task, stop: StopSignal, **kwargs):
-        super().__init__(content, **kwargs)
-        self.episode, self.stop = episode, stop
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            if not self.episode.done():
-                self.stop.stop(CLIENT_LEFT)
-
-
-async def _client_disconnected(request: Request) -> None:
-    """Returns when the client closes the connection (its body has been read: nothing else can arrive)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def parse_request(body: Any, models: list[str]) -> ChatRequest:
-    """Validate a chat-completions body (`openai_request.parse_chat_request`) and its model."""
-    try:
-        req = parse_chat_request(body, COORDINATOR_MODEL)
-    except RequestError as e:
-        raise ApiError(400, str(e), param=e.param, code=e.code) from None
-    if req.model not in models:
-        raise ApiError(404, f"model {req.model!r} does not exist here; available: {', '.join(models)}", param="model",
-                       code="model_not_found")
-    return req
 
 
 def create_app(coordinator: Coordinator, *, api_key: str | None = None,
@@ -505,27 +377,6 @@ def create_app(coordinator: Coordinator, *, api_key: str | None = None,
         yield b"data: [DONE]\n\n"
 
     return app
-
-
-def configure_logging(level: str = "info") -> None:
-    """Log lines to stderr, every one through `RedactingFilter` (uvicorn's own loggers included)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(RedactingFilter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.WARNING)
-    for name in ("trinity", "uvicorn", "uvicorn.error", "uvicorn.access"):
-        lg = logging.getLogger(name)
-        lg.handlers[:] = []
-        lg.propagate = True
-        lg.setLevel(level.upper())
-
-
-def api_key_from_env() -> str | None:
-    """TRINITY_API_KEY (registered as a secret: redacted wherever it might be written)."""
-    register_secret_env_names([API_KEY_ENV])
-    return os.environ.get(API_KEY_ENV) or None
 
 
 def run_server(coordinator: Coordinator, host: str = "127.0.0.1", port: int = 8000, *,

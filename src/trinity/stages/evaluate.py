@@ -37,7 +37,8 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     from trinity.code_version import code_version
     from trinity.data.splits import HELDOUT_SOURCES
     from trinity.evaluation.results import EvalResults
-    from trinity.evaluation.run import evaluate as run_eval, evaluation_splits, summarise
+    from trinity.evaluation.run import evaluate as run_eval, evaluation_splits
+    from trinity.evaluation.summary import summarise
     from trinity.grading import preflight
     from trinity.grading.judge import MTBenchJudge, judge_pool, load_judge_prompts
     from trinity.pool.members import check_pool_config

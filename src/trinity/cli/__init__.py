@@ -1,50 +1,24 @@
-"""`trinity` command line: ask the trained coordinator, read a stored trace, serve it as an OpenAI-compatible model,
-run a pipeline stage, write the report (or a pipeline run's W&B Report), export the store to Parquet, check the
-graders."""
+"""The `trinity` command (`main`) and its commands: ask, trace, serve, stage, report, export, check-graders; `trinity
+store` is in store.py, what they share (exit codes, options, failing in one line) in common.py."""
 from __future__ import annotations
 
 import json
 import os
 import sys
 import traceback
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from trinity.serving.conversation import ANSWER_FORMATS  # light, as trinity.stages: torch loads only when a command runs
+from trinity.cli.common import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_ANSWER, EXIT_NOT_FOUND, EXIT_OK,
+                                EXIT_POOL_FAILURE, EXIT_USAGE, AnswerFormat, CheckpointOpt, LogLevel, ParamsOpt,
+                                RetryOpt, RootOpt, StageName, StoreOpt, app, apply_retry_failures, fail, in_root,
+                                load_coordinator, params_path, store_paths)
+from trinity.cli.store import store_app
 from trinity.serving.traces import RETENTION_ENV
-from trinity.stages import STAGES
 
-EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE, EXIT_POOL_FAILURE, EXIT_NOT_FOUND, EXIT_FAILED = 0, 1, 2, 3, 4, 5
-EXIT_INTERRUPTED = 130
-EXIT_CODES_HELP = (
-    "Exit codes: 0 success; 1 the coordinator gave no answer; 2 bad usage or configuration (options, params, "
-    "checkpoint, a store another process writes); 3 a pool failure left no answer; 4 no such episode or store; "
-    "5 the command failed while running (any other error: one line on stderr, the traceback with --debug); "
-    "130 interrupted. Relative paths (--params, --checkpoint, --store, --out) are read from --root.")
-
-app = typer.Typer(name="trinity", help=__doc__, epilog=EXIT_CODES_HELP, no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
-
-
-AnswerFormat = Enum("AnswerFormat", {f: f for f in ANSWER_FORMATS}, type=str)
-StageName = Enum("StageName", {s: s for s in STAGES}, type=str)
-LogLevel = Enum("LogLevel", {v: v for v in ("critical", "error", "warning", "info", "debug")}, type=str)
-
-RootOpt = Annotated[Path, typer.Option(help="project directory holding data/; every relative path option is read "
-                                            "from it")]
-ParamsOpt = Annotated[Path, typer.Option(help="params file the checkpoint was trained with (relative: in ROOT)")]
-CheckpointOpt = Annotated[Optional[Path], typer.Option(
-    help="checkpoint directory (holding coordinator.npy + coordinator.json) or its stem (relative: in ROOT); "
-         "default ROOT/data/checkpoints")]
-StoreOpt = Annotated[Optional[Path], typer.Option(
-    help="response store (DuckDB file; relative: in ROOT); default ROOT/data/store/trinity.duckdb")]
-RetryOpt = Annotated[bool, typer.Option(
-    "--retry-failures", help="ask again every request whose stored answer is a failure (outages are always asked "
-                             "again; this also re-asks deterministic failures). Same as TRINITY_RETRY_FAILURES=1")]
-
+app.add_typer(store_app)
 
 _debug = False
 """--debug: an unexpected error prints its traceback (set by the top-level callback)."""
@@ -55,50 +29,6 @@ def _options(debug: Annotated[bool, typer.Option("--debug", help="print the trac
                                                                 "(exit code 5)")] = False) -> None:
     global _debug
     _debug = debug
-
-
-def _fail(message: str, code: int = EXIT_USAGE):
-    print(f"trinity: {message}", file=sys.stderr, flush=True)
-    raise typer.Exit(code)
-
-
-def _in_root(root: Path, path: Path) -> Path:
-    """A path option as given when absolute, else read from ROOT."""
-    return path if path.is_absolute() else root.resolve() / path
-
-
-def _paths(root: Path, checkpoint: Path | None, store: Path | None) -> tuple[Path, Path]:
-    from trinity.stages.paths import Paths
-
-    p = Paths(root.resolve())
-    return (_in_root(root, checkpoint) if checkpoint else p.checkpoint.parent,
-            _in_root(root, store) if store else p.store)
-
-
-def _params_path(root: Path, params: Path) -> Path:
-    return _in_root(root, params)
-
-
-def _load_coordinator(root: Path, params: Path, checkpoint: Path | None, store: Path | None, *, writer: bool,
-                      trace_retention_days: float | None = None):
-    """Coordinator.load, with what fails while loading (params, checkpoint, a pool member's missing key, the encoder,
-    a store another process writes) turned into exit code 2 and a one-line message."""
-    from trinity.config import ConfigError
-    from trinity.coordinator.policy import CheckpointError
-    from trinity.serving.conversation import Coordinator
-    from trinity.pool.errors import PoolConfigError
-
-    ckpt, store_path = _paths(root, checkpoint, store)
-    try:
-        return Coordinator.load(ckpt, _params_path(root, params), store_path, writer=writer,
-                                trace_retention_days=trace_retention_days)
-    except (ConfigError, CheckpointError, PoolConfigError, FileNotFoundError, RuntimeError) as e:
-        _fail(str(e))
-
-
-def _retry(flag: bool) -> None:
-    if flag:
-        os.environ["TRINITY_RETRY_FAILURES"] = "1"  # read by every Store this process opens
 
 
 @app.command()
@@ -121,16 +51,17 @@ def ask(
     it (then nothing new is saved). The episode's trace is kept: `trinity trace EPISODE_ID`."""
     from rich.console import Console
 
-    from trinity.serving.conversation import ANSWERED, NO_ANSWER, ConversationError, answer_now, task_from_messages
+    from trinity.serving.conversation import ANSWERED, NO_ANSWER, answer_now
+    from trinity.serving.messages import ConversationError, task_from_messages
     from trinity.serving.traces import render_trace
 
-    _retry(retry_failures)
+    apply_retry_failures(retry_failures)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
     try:
         task = task_from_messages(messages, answer_format.value)
     except ConversationError as e:
-        _fail(str(e))
-    with _load_coordinator(root, params, checkpoint, store, writer=False) as coordinator:
+        fail(str(e))
+    with load_coordinator(root, params, checkpoint, store, writer=False) as coordinator:
         result = answer_now(coordinator, task)
     trace = result.trace()
     if as_json:
@@ -164,15 +95,15 @@ def trace(
     from trinity.store import Store
     from trinity.serving.traces import TraceLog, render_trace, retention_days_from_env
 
-    _, store_path = _paths(root, None, store)
+    _, store_path = store_paths(root, None, store)
     try:
         retention_days = retention_days_from_env()
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     try:
         st = Store(store_path, read_only=True)
     except (FileNotFoundError, RuntimeError) as e:
-        _fail(str(e))
+        fail(str(e))
     try:
         log = TraceLog(st, retention_days=retention_days)
         if episode_id is None:
@@ -190,7 +121,7 @@ def trace(
     if found is None:
         kept = f"; episodes older than {retention_days:g} days are not kept ({RETENTION_ENV})" \
             if retention_days is not None else ""
-        _fail(f"no episode {episode_id!r} in {store_path} (`trinity trace` lists the stored ones{kept})",
+        fail(f"no episode {episode_id!r} in {store_path} (`trinity trace` lists the stored ones{kept})",
               EXIT_NOT_FOUND)
     if as_json:
         print(json.dumps(found, indent=2, ensure_ascii=False))
@@ -233,15 +164,16 @@ def serve(
     disconnects cancels its episode's remaining turns. This process must be the store's only writer: it holds the
     store's writer lock (<store>.writer.lock) while it serves, so a weekly-retrain run is refused meanwhile, and it
     refuses to start (exit 2, naming the holder) while one runs."""
-    from trinity.serving.server import ExposureError, api_key_from_env, check_exposure, run_server
+    from trinity.serving.security import ExposureError, api_key_from_env, check_exposure
+    from trinity.serving.server import run_server
 
     if not deadline_s > 0 or deadline_s == float("inf"):
-        _fail(f"--deadline-s must be a number of seconds > 0, got {deadline_s:g}")
+        fail(f"--deadline-s must be a number of seconds > 0, got {deadline_s:g}")
     try:
         check_exposure(host, api_key_from_env(), allow_unauthenticated)  # before anything slow is loaded
     except ExposureError as e:
-        _fail(str(e))
-    _retry(retry_failures)
+        fail(str(e))
+    apply_retry_failures(retry_failures)
 
     def ready(bound: int) -> None:
         print(f"trinity serve: listening on http://{host}:{bound}/v1", file=sys.stderr, flush=True)
@@ -249,10 +181,10 @@ def serve(
     from trinity.ops.checkout_lock import StoreBusy, StoreLock
 
     try:  # the store's writer lock, for as long as this serves: weekly-retrain's `dvc repro` writes the same store
-        store_lock = StoreLock(_paths(root, checkpoint, store)[1], f"trinity serve on {host}:{port}")
+        store_lock = StoreLock(store_paths(root, checkpoint, store)[1], f"trinity serve on {host}:{port}")
     except StoreBusy as e:
-        _fail(f"{e}; this server would be a second writer: wait for it, or serve a copy of the store (--store)")
-    with store_lock, _load_coordinator(root, params, checkpoint, store, writer=True,
+        fail(f"{e}; this server would be a second writer: wait for it, or serve a copy of the store (--store)")
+    with store_lock, load_coordinator(root, params, checkpoint, store, writer=True,
                                        trace_retention_days=trace_retention_days) as coordinator:
         run_server(coordinator, host, port, max_body_bytes=max_body_bytes, max_in_flight=max_in_flight,
                    deadline_s=deadline_s, allow_unauthenticated=allow_unauthenticated, log_level=log_level.value,
@@ -272,11 +204,11 @@ def stage(
     from trinity.stages import paths as stage_paths, run_stage
     from trinity.config import ConfigError, load_settings
 
-    _retry(retry_failures)
+    apply_retry_failures(retry_failures)
     try:
-        settings = load_settings(_params_path(root, params))
+        settings = load_settings(params_path(root, params))
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     out = run_stage(name.value, settings, stage_paths.Paths(root.resolve()))
     print(json.dumps(out, default=str))
 
@@ -308,7 +240,7 @@ def report(
         try:
             written = write_report(p.eval_dir, p.evolve_dir, p.checkpoint.with_suffix(".json"), p.reports)
         except (FileNotFoundError, ResultsFormatError) as e:
-            _fail(str(e))
+            fail(str(e))
         for name, path in written.items():
             print(f"{name}: {path}")
         return
@@ -319,16 +251,16 @@ def report(
     if not mode:
         from trinity.config import ConfigError, load_settings
 
-        path = _params_path(root, params)
+        path = params_path(root, params)
         try:
             mode = load_settings(path).tracking.wandb_mode if path.exists() else "offline"
         except ConfigError as e:
-            _fail(str(e))
+            fail(str(e))
     wandb_dir = Path(os.environ.get("WANDB_DIR") or root / "data" / "wandb")
     try:
         out = publish(wandb_dir, group=group, project=project, entity=entity, mode=mode)
     except ReportInputError as e:
-        _fail(str(e))
+        fail(str(e))
     stages_run = ", ".join(f"{r.job_type} ({r.name})" for r in out.runs)
     print(f"W&B report of group {out.group}: {len(out.runs)} runs: {stages_run}")
     print("\n".join(outline(json.loads(out.description_path.read_text())["report"])))
@@ -352,63 +284,16 @@ def export(
     store is a cache that every run and experiment adds to, so its export is a view of it, not an output DVC could
     rebuild from a stage's dependencies."""
     from trinity.store import Store
+    from trinity.store_segments import export_parquet
 
-    _, store_path = _paths(root, None, store)
+    _, store_path = store_paths(root, None, store)
     if not store_path.is_file():
-        _fail(f"no response store at {store_path} (run the pipeline first, or pass --store)", EXIT_NOT_FOUND)
-    dest = _in_root(root, out) if out else root.resolve() / "data" / "exports"
+        fail(f"no response store at {store_path} (run the pipeline first, or pass --store)", EXIT_NOT_FOUND)
+    dest = in_root(root, out) if out else root.resolve() / "data" / "exports"
     with Store(store_path, read_only=True) as st:
-        written = st.export_parquet(dest)
+        written = export_parquet(st, dest)
     for table, path in written.items():
         print(f"{table}: {path}")
-
-
-store_app = typer.Typer(name="store", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                        rich_markup_mode=None, help="Ship a store's responses and states as content-addressed "
-                        "segments (zstd Parquet), and load them into another store: a committed run's (replay/), or "
-                        "a team's through DVC (docs/operations.md, \"Sharing a store\").")
-app.add_typer(store_app)
-SegmentsArg = Annotated[Path, typer.Argument(help="segment directory (relative: in ROOT), e.g. replay/default")]
-
-
-@store_app.command("export")
-def store_export(directory: SegmentsArg, store: StoreOpt = None, root: RootOpt = Path(".")) -> None:
-    """Write every response (sample) and hidden state of the store that DIRECTORY's segments lack as new segments
-    (one per kind, named by the SHA-256 of its bytes). Needs the store's writer lock only to read it consistently:
-    run it when no pipeline writes the store."""
-    from trinity.store import Store
-    from trinity.store_segments import describe, export_segments
-
-    _, store_path = _paths(root, None, store)
-    if not store_path.is_file():
-        _fail(f"no response store at {store_path} (run the pipeline first, or pass --store)", EXIT_NOT_FOUND)
-    dest = _in_root(root, directory)
-    with Store(store_path, read_only=True) as st:
-        counts = export_segments(st, dest)
-    info = describe(dest)
-    print(f"exported {counts} new to {dest} ({', '.join(counts.files) or 'no new segment'}); it now holds "
-          f"{info['kinds']['responses']['rows']} responses and {info['kinds']['states']['rows']} states in "
-          f"{info['bytes'] / 1e6:.2f} MB")
-
-
-@store_app.command("import")
-def store_import(directory: SegmentsArg, store: StoreOpt = None, root: RootOpt = Path(".")) -> None:
-    """Load every segment of DIRECTORY into the store (created if missing), skipping the rows it holds: every
-    response and state a run shipped, so that rerunning it pays for none of them. This process must be the store's
-    only writer."""
-    from trinity.store import Store
-    from trinity.store_segments import SegmentError, import_segments
-
-    _, store_path = _paths(root, None, store)
-    src = _in_root(root, directory)
-    try:
-        with Store(store_path) as st:
-            counts = import_segments(st, src)
-    except SegmentError as e:
-        _fail(str(e), EXIT_NOT_FOUND)
-    except RuntimeError as e:  # another process writes the store
-        _fail(str(e), EXIT_USAGE)
-    print(f"imported {counts} into {store_path} from {len(counts.files)} segment(s) of {src}")
 
 
 @app.command("check-graders", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
