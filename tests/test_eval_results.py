@@ -8,7 +8,7 @@ import pytest
 
 from test_report_module import _results
 from trinity.evaluation.results import (HELDOUT, IN_DISTRIBUTION, Cell, EvalResults, ResultsFormatError,
-                                        metrics_average, metrics_benchmarks)
+                                        metrics_average, metrics_benchmarks, schema_page)
 from trinity.files import write_json
 
 COMMITTED = Path(__file__).resolve().parents[1] / "data" / "eval"
@@ -86,6 +86,10 @@ def _broken(edit) -> dict:
     (lambda d: d["averages"]["trinity"].update(heldout="high"), 'averages["trinity"]["heldout"]'),
     (lambda d: d.update(judge={"verdicts": 3}), "judge.name"),
     (lambda d: d.pop("scores"), "scores"),
+    (lambda d: d["scores"]["trinity"]["mt_bench"]["turns"]["2"].pop("score"),
+     'scores["trinity"]["mt_bench"].turns["2"].score'),
+    (lambda d: d["scores"]["trinity"]["aime"].update(n=None), 'scores["trinity"]["aime"].n'),  # optional, not null
+    (lambda d: d.update(bootstrap=5), "bootstrap"),
 ])
 def test_a_file_off_the_schema_names_the_file_and_the_field(tmp_path, edit, field):
     path = tmp_path / "results.json"
@@ -93,6 +97,11 @@ def test_a_file_off_the_schema_names_the_file_and_the_field(tmp_path, edit, fiel
     with pytest.raises(ResultsFormatError) as error:
         EvalResults.read(path)
     assert str(error.value).startswith(f"{path}: {field}: "), str(error.value)
+
+
+def test_the_schema_page_is_the_one_the_models_give():
+    page = Path(__file__).resolve().parents[1] / "docs" / "eval_results_schema.md"
+    assert page.read_text() == schema_page(), "regenerate it: python -m trinity.evaluation.results --schema"
 
 
 def test_not_json_names_the_file(tmp_path):

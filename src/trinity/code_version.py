@@ -75,6 +75,12 @@ COMPATIBLE_REFACTORS: dict[str, str] = {
     # in-process engine is refused up front when the binding is not installed. Every key of a built server is
     # unchanged (tests/test_pool_llama_server.py), and so is every request and reply.
     "f431cf20e9fa3c3d": "d6f0659fdbaee48e",
+    # issue 40 (structure round two): modules moved and split, nothing rewritten — the pool's member kinds in one
+    # table (pool/members.py, with the pool's checks), the sandbox's limits apart from its runners, the training
+    # loop apart from its optimisers (evolve/loop.py, optimizer.py, one file per optimiser), the evaluation's records
+    # and tables apart from the episodes (evaluation/items.py, summary.py), results.json as pydantic models, env
+    # switches read in one place (env.py). Replayed from the store with 0 calls, check_replay: no file differs.
+    "8966bb3dea58f922": "f431cf20e9fa3c3d",
 }
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
 

@@ -1,28 +1,30 @@
 """One results record: data/eval/results.json as `EvalResults`, the one way code reads it.
 
-The evaluate stage writes it (`trinity.evaluation.run.summarise` computes the table; the stage adds the judge,
+The evaluate stage writes it (`trinity.evaluation.summary.summarise` computes the table; the stage adds the judge,
 seeds, checkpoint, pool and call counts) and derives the DVC metrics file from it (`EvalResults.dvc_metrics`).
-The report (`trinity.evaluation.report`), the W&B logging (`trinity.ops.tracking.log_eval_results`), the
-Prefect table (`trinity.ops.prefect_artifacts.eval_scores_table`) and the nightly comparison (`trinity.ops.nightly`)
-read it through this record. docs/eval_results_schema.md is the contract; loading checks a file against it and
-names the file and the field at fault (`ResultsFormatError`).
+The report, the W&B logging, the Prefect table and the nightly comparison read it through this record. Its
+pydantic models are the schema: docs/eval_results_schema.md is generated from them (`python -m
+trinity.evaluation.results --schema`); loading checks a file against them and names the file and the field at fault.
 
 The record keeps the file's content as read (`to_json()` returns it unchanged, so writing it back gives the same
 bytes) and offers typed views of the parts readers use. Values are kept as written (an int stays an int): the
-report prints them and must print what it printed from the plain dict. Fields a reader may find missing in an
-older or partial file (the judge, the seeds, the compute figures, ...) are None; every field present is checked.
+report prints them and must print what it printed from the plain dict. A field without a default is required;
+`x: Int = None` may be left out (it reads as None: an older or partial file) but not be null; `x: Int | None`
+may be null. Every field present is checked; unknown fields are kept in the file and ignored.
 """
 from __future__ import annotations
 
 import json
-import numbers
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
+from trinity.evaluation import results_schema
+from trinity.evaluation.results_schema import FILE, UNSTATED, Bool, Int, Interval, Number, Record, Str, Turns, stated
 from trinity.files import write_json
 
 IN_DISTRIBUTION, HELDOUT, HELDOUT_OTHER = "in_distribution", "heldout", "heldout_other"
@@ -35,118 +37,48 @@ none of these counts as `heldout`: the coordinator never trained on it."""
 ORACLE_KIND = "oracle"
 AVERAGE_METRIC_PREFIX = "avg_"
 """metrics.json: `avg_<split>` keys are the split averages; every other key of a method's row is a benchmark."""
+SCHEMA_PAGE = "docs/eval_results_schema.md"
 
 
 class ResultsFormatError(ValueError):
-    """results.json does not match docs/eval_results_schema.md: names the file and the field."""
-
-
-# ------------------------------------------------------------------------------------------ checking fields
-
-_KINDS = {
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "int": (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), "an integer"),
-    "number": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), "a number"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "list": (lambda v: isinstance(v, (list, tuple)), "a list"),
-    "dict": (lambda v: isinstance(v, Mapping), "an object"),
-}
-
-
-class _Fields:
-    """Typed reads of one JSON object; a wrong or missing field raises ResultsFormatError naming the file and
-    the field's path (e.g. `scores["trinity"]["math500"].ci95`)."""
-
-    def __init__(self, obj: Any, where: str, source: str):
-        self.where, self.source = where, source
-        if not isinstance(obj, Mapping):
-            self.fail(where, f"expected an object, got {_shown(obj)}")
-        self.obj = obj
-
-    def fail(self, where: str, why: str):
-        raise ResultsFormatError(f"{self.source}: {where or 'top level'}: {why} (docs/eval_results_schema.md)")
-
-    def path(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def check(self, where: str, value: Any, kind: str, nullable: bool = False) -> Any:
-        test, wanted = _KINDS[kind]
-        if value is None and nullable:
-            return None
-        if not test(value):
-            self.fail(where, f"expected {wanted}{' or null' if nullable else ''}, got {_shown(value)}")
-        return value
-
-    def req(self, key: str, kind: str, nullable: bool = False) -> Any:
-        if key not in self.obj:
-            self.fail(self.path(key), "missing")
-        return self.check(self.path(key), self.obj[key], kind, nullable)
-
-    def opt(self, key: str, kind: str, nullable: bool = False) -> Any:
-        """The field, or None when absent (null only where `nullable`)."""
-        if key not in self.obj:
-            return None
-        return self.check(self.path(key), self.obj[key], kind, nullable)
-
-    def sub(self, key: str, value: Any) -> "_Fields":
-        return _Fields(value, f'{self.where}["{key}"]', self.source)
-
-    def child(self, key: str) -> "_Fields":
-        return _Fields(self.obj[key], self.path(key), self.source)
-
-    def interval(self, key: str) -> tuple | None:
-        value = self.opt(key, "list", nullable=True)
-        if value is None:
-            return None
-        if len(value) != 2:
-            self.fail(self.path(key), f"expected [low, high], got {_shown(value)}")
-        for i, bound in enumerate(value):
-            self.check(f"{self.path(key)}[{i}]", bound, "number")
-        return tuple(value)
-
-    def strings(self, key: str) -> tuple[str, ...] | None:
-        value = self.opt(key, "list")
-        if value is None:
-            return None
-        return tuple(self.check(f"{self.path(key)}[{i}]", v, "str") for i, v in enumerate(value))
-
-    def per_turn(self, key: str) -> dict[int, "_Fields"]:
-        """A per-turn object {"1": {...}, "2": {...}} as {1: fields, 2: fields} (empty when absent)."""
-        value = self.opt(key, "dict")
-        out = {}
-        for turn, entry in (value or {}).items():
-            if not (isinstance(turn, str) and turn.isdigit()):
-                self.fail(self.path(key), f"turn keys are conversation turns (\"1\", \"2\", ...), got {turn!r}")
-            out[int(turn)] = _Fields(entry, f'{self.path(key)}["{turn}"]', self.source)
-        return out
-
-
-def _shown(value: Any) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """results.json does not match the schema (docs/eval_results_schema.md): names the file and the field."""
 
 
 # ------------------------------------------------------------------------------------------ the parts
 
 
-@dataclass(frozen=True)
-class Benchmark:
+class Benchmark(Record):
     """A benchmark as evaluated: its split, metric and scale, and what it counts."""
 
-    name: str
-    split: str
-    metric: str
-    scale: float
-    n: int
+    name: Str
+    """The task source (`math500`, `aime`, `mt_bench`, ..., or your own benchmark's name)."""
+    split: Str
+    """`in_distribution`, `heldout` or `heldout_other`; a split of another name reads as `heldout`."""
+    metric: Str
+    """What a score is: "accuracy", "judge score (1-10)"."""
+    scale: Number
+    """The score's full scale (1 for an accuracy, 10 for a judge score): averages and pooled scores are score /
+    scale."""
+    n: Int
     """Items."""
-    unit: str = "item"
+    unit: Str = "item"
     """"item", or "judgement" for a benchmark scored per (item, conversation turn) judgement (MT-Bench)."""
-    turns: int = 0
+    turns: Int = 0
     """Conversation turns of a judged benchmark (unit "judgement"); 0 for one scoring unit an item."""
-    units: int | None = None
+    units: Int = None
     """Scoring units: items, or items x turns."""
-    common_units: int | None = None
+    common_units: Int = None
     """The units every method with a score on this benchmark scored (the averages use these)."""
+
+    @field_validator("unit")
+    @classmethod
+    def _unit(cls, unit: str) -> str:
+        return unit or "item"
+
+    @field_validator("turns")
+    @classmethod
+    def _turns_of_judged(cls, turns: int, info: ValidationInfo) -> int:
+        return turns if info.data.get("unit") == "judgement" else 0
 
     @property
     def split_key(self) -> str:
@@ -157,39 +89,22 @@ class Benchmark:
     def judged(self) -> bool:
         return self.turns > 0
 
-    @classmethod
-    def parse(cls, f: _Fields) -> "Benchmark":
-        unit = f.opt("unit", "str") or "item"
-        turns = f.opt("turns", "int")
-        return cls(name=f.req("name", "str"), split=f.req("split", "str"), metric=f.req("metric", "str"),
-                   scale=f.req("scale", "number"), n=f.req("n", "int"), unit=unit,
-                   turns=(turns or 0) if unit == "judgement" else 0, units=f.opt("units", "int"),
-                   common_units=f.opt("common_units", "int"))
 
+class Method(Record):
+    """A row of the tables."""
 
-@dataclass(frozen=True)
-class Method:
-    """A row of the tables: `trinity`, `alone:<member>`, `random-routing`, `oracle:best-single`."""
-
-    id: str
-    kind: str | None = None
-    """coordinator | single | baseline | oracle."""
-    model: str | None = None
+    id: Str = Field(alias="method")
+    """`trinity`, `router`, `alone:<member name>`, `random-routing` or `oracle:best-single`."""
+    kind: Str | None = None
+    """coordinator | router | single | baseline | oracle."""
+    model: Str | None = None
     """The member of an `alone:` row."""
-    picks: Mapping[str, str] = field(default_factory=dict)
-    """The oracle's pick per benchmark."""
+    picks: dict[str, Str] = {}
+    """The oracle's pick per benchmark (benchmark → method)."""
 
     @property
     def is_oracle(self) -> bool:
         return self.kind == ORACLE_KIND
-
-    @classmethod
-    def parse(cls, f: _Fields) -> "Method":
-        picks = f.opt("picks", "dict") or {}
-        for bench, pick in picks.items():
-            f.check(f'{f.path("picks")}["{bench}"]', pick, "str")
-        return cls(id=f.req("method", "str"), kind=f.opt("kind", "str", nullable=True),
-                   model=f.opt("model", "str", nullable=True), picks=dict(picks))
 
 
 COMPUTE_FIELDS = ("tokens_per_task", "wall_s_per_task", "cost_usd_per_task", "mean_turns")
@@ -197,30 +112,39 @@ COMPUTE_FIELDS = ("tokens_per_task", "wall_s_per_task", "cost_usd_per_task", "me
 COUNT_FIELDS = ("calls_new", "failed_calls")
 
 
-@dataclass(frozen=True)
-class Cell:
+class Cell(Record):
     """One method on one benchmark (or, in `turns`, on one conversation turn of a judged benchmark). An absent
     cell reads as `Cell()`: every figure None."""
 
-    score: float | None = None
-    """Mean over the scored units; None if none scored."""
-    ci95: tuple[float, float] | None = None
-    n: int | None = None
-    """Units scored (items; judgements for a judged benchmark)."""
-    unscored: int | None = None
-    small_sample: bool | None = None
-    tokens_per_task: float | None = None
-    wall_s_per_task: float | None = None
-    cost_usd_per_task: float | None = None
-    mean_turns: float | None = None
-    calls_new: int | None = None
-    failed_calls: int | None = None
-    items: int | None = None
+    score: Number | None = Field(UNSTATED, validate_default=True)
+    """Mean over the scored units (an accuracy in [0, 1]; MT-Bench: 1-10, over every valid judgement); null if none
+    scored."""
+    ci95: Interval | None = None
+    """Percentile bootstrap of the mean (judged: resampling items, each with its valid turns); null if none scored."""
+    n: Int = None
+    """Units scored (items; valid judgements for a judged benchmark)."""
+    unscored: Int = None
+    """Units without a score (an outage; judged: an outage item has all its turns unscored)."""
+    small_sample: Bool = None
+    """Fewer than `bootstrap.small_sample_below` items."""
+    tokens_per_task: Number | None = None
+    """Prompt + completion tokens of the item's pool calls (not the judge's)."""
+    wall_s_per_task: Number | None = None
+    """Summed latency of those calls, as recorded when they were paid."""
+    cost_usd_per_task: Number | None = None
+    mean_turns: Number | None = None
+    """Pool turns per item (MT-Bench: both conversation turns)."""
+    calls_new: Int = None
+    """Calls not in the store when this run asked."""
+    failed_calls: Int = None
+    items: Int = None
     """A judged benchmark: items with at least one valid judgement."""
-    turns: Mapping[int, "Cell"] = field(default_factory=dict)
+    turns: Turns[Cell] = {}
     """A judged benchmark: the cell of each conversation turn."""
 
-    def turn(self, turn: int | None) -> "Cell":
+    _score_stated = field_validator("score", mode="before")(stated)  # a file states it; `Cell()` need not
+
+    def turn(self, turn: int | None) -> Cell:
         """This cell (turn None), or that conversation turn's (an empty Cell when there is none)."""
         return self if turn is None else self.turns.get(turn) or Cell()
 
@@ -230,201 +154,193 @@ class Cell:
             raise KeyError(f"{name!r} is not a compute figure of a cell ({', '.join(COMPUTE_FIELDS + COUNT_FIELDS)})")
         return getattr(self, name)
 
-    @classmethod
-    def parse(cls, f: _Fields) -> "Cell":
-        return cls(score=f.req("score", "number", nullable=True), ci95=f.interval("ci95"),
-                   n=f.opt("n", "int"), unscored=f.opt("unscored", "int"),
-                   small_sample=f.opt("small_sample", "bool"),
-                   **{name: f.opt(name, "number", nullable=True) for name in COMPUTE_FIELDS},
-                   **{name: f.opt(name, "int") for name in COUNT_FIELDS},
-                   items=f.opt("items", "int"),
-                   turns={k: cls.parse(turn_f) for k, turn_f in f.per_turn("turns").items()})
 
+class Comparison(Record):
+    """A paired comparison: a − b over the units both scored (MT-Bench: the (item, turn) judgements both have
+    valid, resampled by item), with its interval and outcome."""
 
-@dataclass(frozen=True)
-class Comparison:
-    """A paired comparison: a − b over the units both scored, with its interval and outcome."""
-
-    a: str
-    b: str
-    label: str
-    outcome: str
-    """wins | ties | loses | too few items | no data."""
-    n: int
+    a: Str
+    """The coordinator (`trinity`)."""
+    b: Str
+    """The method compared with (best single member: oracle:best-single's pick on the benchmark)."""
+    label: Str
+    """"best single member", "learned router", "random routing", ..."""
+    outcome: Str
+    """wins | ties | loses (the interval against 0) | too few items (fewer than stats.MIN_ITEMS_FOR_OUTCOME) |
+    no data."""
+    n: Int
     """Units compared."""
-    diff: float | None = None
-    ci95: tuple[float, float] | None = None
-    items: int | None = None
+    diff: Number | None = None
+    """a − b in the benchmark's own unit (pooled: in score / scale); null with no unit to compare."""
+    ci95: Interval | None = None
+    items: Int = None
     """The items the n units come from."""
-    small_sample: bool | None = None
-    a_better: int | None = None
-    b_better: int | None = None
-    turns: Mapping[int, "Comparison"] = field(default_factory=dict)
+    small_sample: Bool = None
+    a_better: Int = None
+    """Units where a scored higher."""
+    b_better: Int = None
+    """Units where b scored higher."""
+    turns: Turns[Comparison] = {}
     """A judged benchmark: the comparison on each conversation turn alone."""
 
-    @classmethod
-    def parse(cls, f: _Fields) -> "Comparison":
-        return cls(a=f.req("a", "str"), b=f.req("b", "str"), label=f.req("label", "str"),
-                   outcome=f.req("outcome", "str"), n=f.req("n", "int"), diff=f.opt("diff", "number", nullable=True),
-                   ci95=f.interval("ci95"), items=f.opt("items", "int"), small_sample=f.opt("small_sample", "bool"),
-                   a_better=f.opt("a_better", "int"), b_better=f.opt("b_better", "int"),
-                   turns={k: cls.parse(turn_f) for k, turn_f in f.per_turn("turns").items()})
 
+class PooledSplit(Record):
+    """Every unit of a split's benchmarks pooled on one scale (score / scale: an MT-Bench judgement / 10, each
+    judgement one unit), and the coordinator against one best member (chosen on the pooled score, in hindsight)
+    and against the baselines, resampled by item."""
 
-@dataclass(frozen=True)
-class PooledSplit:
-    """Every unit of a split's benchmarks pooled on one scale (score / scale), and the coordinator against one
-    best member (chosen on the pooled score, in hindsight) and against random routing."""
-
-    benchmarks: tuple[str, ...]
-    scores: Mapping[str, float | None]
-    """Per method, the mean of score / scale over `common_units` (None: the method lacks some)."""
+    benchmarks: tuple[Str, ...]
+    """The split's benchmarks."""
+    scores: dict[str, Number | None]
+    """Per method, the mean of score / scale over `common_units` (null: the method lacks some)."""
     comparisons: tuple[Comparison, ...]
-    items: int | None = None
-    units: int | None = None
-    common_units: int | None = None
-    best_single: str | None = None
-
-    @classmethod
-    def parse(cls, f: _Fields) -> "PooledSplit":
-        scores = f.req("scores", "dict")
-        comparisons = f.req("comparisons", "list")
-        f.req("benchmarks", "list")
-        return cls(benchmarks=f.strings("benchmarks"),
-                   scores={m: f.check(f'{f.path("scores")}["{m}"]', v, "number", nullable=True)
-                           for m, v in scores.items()},
-                   comparisons=tuple(Comparison.parse(_Fields(c, f"{f.path('comparisons')}[{i}]", f.source))
-                                     for i, c in enumerate(comparisons)),
-                   items=f.opt("items", "int"), units=f.opt("units", "int"), common_units=f.opt("common_units", "int"),
-                   best_single=f.opt("best_single", "str", nullable=True))
+    items: Int = None
+    units: Int = None
+    """Scoring units of the split's benchmarks."""
+    common_units: Int = None
+    """The units every method scored: the pooled scores are over these."""
+    best_single: Str | None = None
+    """The `alone:` row with the best pooled score: one member for the whole split (not the per-benchmark picks)."""
 
 
-@dataclass(frozen=True)
-class Judge:
+class Judge(Record):
     """The MT-Bench judge and what it did."""
 
-    name: str
-    model_id: str | None = None
-    in_pool: bool | None = None
-    max_tokens: int | None = None
-    verdicts: int | None = None
-    unparseable: int | None = None
-    failed: int | None = None
-    calls_new: int | None = None
-    store_hits: int | None = None
-    note: str | None = None
-    """Why a local judge's scores are only indicative; None for an endpoint judge."""
+    name: Str
+    """The judge's name (evaluate.judge)."""
+    model_id: Str = None
+    in_pool: Bool = None
+    """The judge is also a member of the pool."""
+    max_tokens: Int | None = None
+    """Cap on a judge reply."""
+    verdicts: Int = None
+    """Judgements with a rating."""
+    unparseable: Int = None
+    """Judgements without a parseable rating."""
+    failed: Int = None
+    """Failed judge calls."""
+    calls_new: Int = None
+    store_hits: Int = None
+    note: Str | None = None
+    """Why a local judge's scores are only indicative; null for an endpoint judge."""
 
-    @classmethod
-    def parse(cls, f: _Fields) -> "Judge":
-        return cls(name=f.req("name", "str"), model_id=f.opt("model_id", "str"), in_pool=f.opt("in_pool", "bool"),
-                   max_tokens=f.opt("max_tokens", "int", nullable=True),
-                   **{k: f.opt(k, "int") for k in ("verdicts", "unparseable", "failed", "calls_new", "store_hits")},
-                   note=f.opt("note", "str", nullable=True))
 
-
-@dataclass(frozen=True)
-class Bootstrap:
+class Bootstrap(Record):
     """How the intervals were drawn."""
 
-    resamples: int | None = None
-    seed: int | None = None
-    level: float | None = None
-    small_sample_below: int | None = None
-
-    @classmethod
-    def parse(cls, f: _Fields) -> "Bootstrap":
-        return cls(resamples=f.opt("resamples", "int"), seed=f.opt("seed", "int"), level=f.opt("level", "number"),
-                   small_sample_below=f.opt("small_sample_below", "int"))
+    resamples: Int = None
+    seed: Int = None
+    level: Number = None
+    """The intervals' confidence level (0.95)."""
+    small_sample_below: Int = None
+    """Cells and comparisons over fewer items are marked small samples."""
 
 
-CHECKPOINT_FIELDS = ("run_fingerprint", "code_version", "method", "generations", "params_hash")
-
-
-@dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(Record):
     """The checkpoint that was evaluated (from its data/checkpoints/coordinator.json)."""
 
-    run_fingerprint: str | None = None
-    code_version: str | None = None
-    method: str | None = None
-    generations: int | None = None
-    params_hash: str | None = None
+    run_fingerprint: Str | None = None
+    code_version: Str | None = None
+    method: Str | None = None
+    generations: Int | None = None
+    params_hash: Str | None = None
 
     def to_json(self) -> dict:
-        return {name: getattr(self, name) for name in CHECKPOINT_FIELDS}
-
-    @classmethod
-    def parse(cls, f: _Fields) -> "Checkpoint":
-        return cls(**{k: f.opt(k, "int" if k == "generations" else "str", nullable=True) for k in CHECKPOINT_FIELDS})
+        return self.model_dump()
 
 
-@dataclass(frozen=True)
-class NeverTrainedOn:
+CHECKPOINT_FIELDS = tuple(Checkpoint.model_fields)
+
+
+class NeverTrainedOn(Record):
     """What the coordinator never saw in training, and the check that says so."""
 
-    benchmarks: tuple[str, ...] | None = None
-    items: int | None = None
-    training_sources: tuple[str, ...] | None = None
-    training_items: int | None = None
-    in_distribution_items: int | None = None
-    guarded_sources: tuple[str, ...] | None = None
-    check: str | None = None
-
-    @classmethod
-    def parse(cls, f: _Fields) -> "NeverTrainedOn":
-        return cls(benchmarks=f.strings("benchmarks"), items=f.opt("items", "int"),
-                   training_sources=f.strings("training_sources"), training_items=f.opt("training_items", "int"),
-                   in_distribution_items=f.opt("in_distribution_items", "int"),
-                   guarded_sources=f.strings("guarded_sources"), check=f.opt("check", "str"))
+    benchmarks: tuple[Str, ...] = None
+    """The held-out benchmarks evaluated."""
+    items: Int = None
+    """Their items."""
+    training_sources: tuple[Str, ...] = None
+    training_items: Int = None
+    in_distribution_items: Int = None
+    guarded_sources: tuple[Str, ...] = None
+    """The sources training may never draw from (trinity.data.splits.HELDOUT_SOURCES)."""
+    check: Str = None
+    """What was checked."""
 
 
-@dataclass(frozen=True)
-class PoolMember:
-    name: str
-    model_id: str | None = None
+class PoolMember(Record):
+    """A member of the pool."""
+
+    name: Str
+    model_id: Str = None
 
 
 # ------------------------------------------------------------------------------------------ the record
 
+_SECTIONS = ("bootstrap", "judge", "checkpoint", "never_trained_on")
 
-@dataclass(frozen=True)
-class EvalResults:
-    """data/eval/results.json (docs/eval_results_schema.md), checked and typed. Build it with `read` (a file) or
-    `from_dict` (what the evaluate stage computed); `to_json()` is the content it was built from, unchanged."""
+
+class EvalResults(Record):
+    """data/eval/results.json, checked and typed. Build it with `read` (a file) or `from_dict` (what the evaluate
+    stage computed); `to_json()` is the content it was built from, unchanged."""
 
     benchmarks: tuple[Benchmark, ...]
     """In file order (the evaluate stage writes in-distribution first)."""
     methods: tuple[Method, ...]
-    scores: Mapping[str, Mapping[str, Cell]]
+    scores: dict[str, dict[str, Cell]]
     """method → benchmark → cell, in file order."""
-    averages: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)
-    """method → split → mean over the split's benchmarks of score / scale on their common units (None: no term)."""
-    paired: Mapping[str, tuple[Comparison, ...]] = field(default_factory=dict)
-    """benchmark → the coordinator against the best single member and against random routing."""
-    pooled_paired: Mapping[str, PooledSplit] = field(default_factory=dict)
+    averages: dict[str, dict[str, Number | None]] = {}
+    """method → split → the mean over the split's benchmarks (each weighs the same) of score / scale, each term
+    over the benchmark's `common_units` (so rows compare); null when a benchmark has no term for the method."""
+    paired: dict[str, tuple[Comparison, ...]] = {}
+    """benchmark → the coordinator against the best single member and the baselines (a null list: none)."""
+    pooled_paired: dict[str, PooledSplit] = {}
     """split → the pooled comparisons."""
-    n_items: int | None = None
-    bootstrap: Bootstrap = field(default_factory=Bootstrap)
+    n_items: Int = None
+    """Distinct items evaluated."""
+    bootstrap: Bootstrap = Bootstrap()
     judge: Judge | None = None
-    seeds: Mapping[str, Any] = field(default_factory=dict)
+    """null (or {}) when nothing is judged."""
+    seeds: dict[str, Any] = {}
+    """data, evolve, evaluate, random_routing."""
     checkpoint: Checkpoint | None = None
     pool: tuple[PoolMember, ...] = ()
     never_trained_on: NeverTrainedOn | None = None
-    eval_code_version: str | None = None
-    pool_calls: int | None = None
-    store_hits: int | None = None
-    failed_calls: int | None = None
-    transient_failures: int | None = None
-    wall_s: float | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    """The content as read or computed: what `to_json` returns and `write` writes."""
-    source: str = field(default="results.json", repr=False, compare=False)
+    eval_code_version: Str | None = None
+    """trinity.code_version of the code that evaluated."""
+    pool_calls: Int = None
+    """Calls the pool made (new: not in the response store)."""
+    store_hits: Int = None
+    """Calls answered from the response store."""
+    failed_calls: Int = None
+    transient_failures: Int = None
+    wall_s: Number = None
+    """Wall-clock seconds of the evaluation."""
+
+    _raw: Mapping[str, Any] = PrivateAttr(default_factory=dict)
+    _source: str = PrivateAttr(default="results.json")
+
+    @field_validator("paired", mode="before")
+    @classmethod
+    def _null_lists(cls, value: Any) -> Any:
+        return {k: [] if v is None else v for k, v in value.items()} if isinstance(value, Mapping) else value
+
+    @field_validator("seeds", "pool", *_SECTIONS, mode="before")
+    @classmethod
+    def _null_reads_as_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """null reads as the field's default (no seeds, no pool, no judge, ...), and so does a section's {}."""
+        if value is None or (info.field_name in _SECTIONS and isinstance(value, Mapping) and not value):
+            return cls.model_fields[info.field_name].get_default(call_default_factory=True)
+        return value
+
+    def __eq__(self, other: object) -> bool:
+        """The same typed content, wherever it was read from."""
+        return type(other) is type(self) and self.__dict__ == other.__dict__
 
     # ---------------------------------------------------------------------------------- reading and writing
 
     @classmethod
-    def read(cls, path: Path | str) -> "EvalResults":
+    def read(cls, path: Path | str) -> EvalResults:
         """Load and check a results.json; a file that is not JSON or not the schema names the file and field."""
         path = Path(path)
         try:
@@ -434,63 +350,30 @@ class EvalResults:
         return cls.from_dict(data, source=str(path))
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "results.json") -> "EvalResults":
-        f = _Fields(data, "", source)
-        benchmarks = tuple(Benchmark.parse(_Fields(b, f"benchmarks[{i}]", source))
-                           for i, b in enumerate(f.req("benchmarks", "list")))
-        methods = tuple(Method.parse(_Fields(m, f"methods[{i}]", source))
-                        for i, m in enumerate(f.req("methods", "list")))
-        f.req("scores", "dict")
-        scores_f = f.child("scores")
-        scores = {}
-        for method, per in scores_f.obj.items():
-            per_f = scores_f.sub(method, per)
-            scores[method] = {bench: Cell.parse(per_f.sub(bench, cell)) for bench, cell in per.items()}
-        averages = {}
-        if f.opt("averages", "dict") is not None:
-            averages_f = f.child("averages")
-            for method, per in averages_f.obj.items():
-                per_f = averages_f.sub(method, per)
-                averages[method] = {split: per_f.check(f'{per_f.where}["{split}"]', v, "number", nullable=True)
-                                    for split, v in per.items()}
-        paired = {}
-        if f.opt("paired", "dict") is not None:
-            paired_f = f.child("paired")
-            for bench, comparisons in paired_f.obj.items():
-                paired_f.check(f'paired["{bench}"]', comparisons, "list", nullable=True)
-                paired[bench] = tuple(Comparison.parse(_Fields(c, f'paired["{bench}"][{i}]', source))
-                                      for i, c in enumerate(comparisons or []))
-        pooled = {}
-        if f.opt("pooled_paired", "dict") is not None:
-            pooled_f = f.child("pooled_paired")
-            pooled = {split: PooledSplit.parse(pooled_f.sub(split, entry)) for split, entry in pooled_f.obj.items()}
-        seeds = f.opt("seeds", "dict", nullable=True) or {}
-        pool = []
-        for i, member in enumerate(f.opt("pool", "list", nullable=True) or []):
-            member_f = _Fields(member, f"pool[{i}]", source)
-            pool.append(PoolMember(name=member_f.req("name", "str"), model_id=member_f.opt("model_id", "str")))
+    def from_dict(cls, data: Mapping[str, Any], source: str = "results.json") -> EvalResults:
+        try:
+            results = cls.model_validate(data, context=FILE)
+        except ValidationError as e:
+            raise ResultsFormatError(f"{source}: {results_schema.format_errors(e, cls)} ({SCHEMA_PAGE})") from None
+        results._raw, results._source = data, source
+        return results
 
-        def part(key: str, kind):
-            """A section of its own (the judge, the checkpoint, ...); null, absent or {} reads as None."""
-            return kind.parse(f.child(key)) if f.opt(key, "dict", nullable=True) else None
+    @property
+    def raw(self) -> Mapping[str, Any]:
+        """The content as read or computed: what `to_json` returns and `write` writes."""
+        return self._raw
 
-        return cls(benchmarks=benchmarks, methods=methods, scores=scores, averages=averages, paired=paired,
-                   pooled_paired=pooled, n_items=f.opt("n_items", "int"),
-                   bootstrap=part("bootstrap", Bootstrap) or Bootstrap(), judge=part("judge", Judge),
-                   seeds=dict(seeds), checkpoint=part("checkpoint", Checkpoint),
-                   pool=tuple(pool),
-                   never_trained_on=part("never_trained_on", NeverTrainedOn),
-                   eval_code_version=f.opt("eval_code_version", "str", nullable=True),
-                   **{k: f.opt(k, "int") for k in ("pool_calls", "store_hits", "failed_calls", "transient_failures")},
-                   wall_s=f.opt("wall_s", "number"), raw=data, source=source)
+    @property
+    def source(self) -> str:
+        return self._source
 
     def to_json(self) -> Mapping[str, Any]:
         """The content this record was built from, unchanged: what results.json holds."""
-        return self.raw
+        return self._raw
 
     def write(self, path: Path | str) -> None:
         """results.json (trinity.files.write_json: indented, sorted keys, atomic)."""
-        write_json(path, self.raw)
+        write_json(path, self._raw)
 
     # ---------------------------------------------------------------------------------- lookups
 
@@ -553,6 +436,15 @@ def metrics_average(row: Mapping[str, Any], split: str) -> float | None:
     return row.get(f"{AVERAGE_METRIC_PREFIX}{split}")
 
 
+def schema_page() -> str:
+    """docs/eval_results_schema.md as these models say it (`results_schema.schema_page`)."""
+    return results_schema.schema_page(EvalResults)
+
+
 __all__ = ["AVERAGE_METRIC_PREFIX", "Benchmark", "Bootstrap", "COMPUTE_FIELDS", "COUNT_FIELDS", "Cell", "Checkpoint",
            "Comparison", "EvalResults", "HELDOUT", "HELDOUT_OTHER", "IN_DISTRIBUTION", "Judge", "Method", "NeverTrainedOn",
-           "PoolMember", "PooledSplit", "ResultsFormatError", "SPLIT_KEYS", "metrics_average", "metrics_benchmarks"]
+           "PoolMember", "PooledSplit", "ResultsFormatError", "SPLIT_KEYS", "metrics_average", "metrics_benchmarks",
+           "schema_page"]
+
+if __name__ == "__main__":  # python -m trinity.evaluation.results --schema [--check]: writes (checks) the page
+    sys.exit(results_schema.main(sys.argv[1:], EvalResults))

@@ -43,8 +43,11 @@ from trinity.coordinator.episode import (Episode, OutageError, RolloutTrees, Sta
                                         episode_rng, is_outage, play_episodes)
 from trinity.coordinator.head import HeadShape, ParamLayout
 from trinity.coordinator.roles import ROLES, allowed_roles
-from trinity.evolve.optimizer import Optimizer, make_optimizer
+from trinity.evolve.optimizer import METHODS, Optimizer, default_popsize
+from trinity.evolve.random_search import RandomSearch
 from trinity.evolve.records import EvolutionResult, GenerationRecord
+from trinity.evolve.reinforce import Reinforce
+from trinity.evolve.sep_cma import SepCMA
 from trinity.records import Task
 
 def minibatch(tasks: Sequence[Task], n: int, seed: int, generation: int) -> list[Task]:
@@ -74,6 +77,19 @@ def param_layout(settings: Settings, n_models: int, states: StateCache) -> Param
             raise ValueError("coordinator.svf_layer is set but the encoder has no SVF scales: build it with "
                              "svf_layer (stages.make_encoder does)")
     return ParamLayout(HeadShape(n_models=n_models, dim=states.dim), n_svf)
+
+
+def make_optimizer(settings: Settings, layout: ParamLayout, x0: np.ndarray | None = None) -> Optimizer:
+    """The optimiser of `evolve.method`, started at `x0` (None: the zero vector, uniform picks)."""
+    ev = settings.evolve
+    popsize = ev.popsize or default_popsize(layout.n_params)
+    if ev.method == "sep_cma":
+        return SepCMA(layout.n_params, ev.sigma0, popsize, ev.seed, x0=x0)
+    if ev.method == "reinforce":
+        return Reinforce(layout, popsize, lr=ev.reinforce_lr, x0=x0)
+    if ev.method == "random_search":
+        return RandomSearch(layout.n_params, popsize, sigma=ev.sigma0, seed=ev.seed, x0=x0)
+    raise ValueError(f"unknown evolve.method {ev.method!r}; expected one of {METHODS}")
 
 
 @dataclass(frozen=True, eq=False)

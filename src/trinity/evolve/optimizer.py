@@ -1,5 +1,5 @@
 """What the training loop (`trinity.evolve.loop`) needs from an optimiser (`Optimizer`: ask, tell, params, sigma,
-resume), and the one place that builds the optimiser of `evolve.method` (`make_optimizer`). One file each:
+resume; the loop's `make_optimizer` builds the one `evolve.method` names). One file each:
 sep-CMA-ES, the paper's (`sep_cma.py`), and the baselines of its ablation, REINFORCE (`reinforce.py`) and random
 search (`random_search.py`), on the same head, tasks and episode budget: only the way candidates are chosen
 differs. None touches numpy's global RNG.
@@ -7,15 +7,11 @@ differs. None touches numpy's global RNG.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from trinity.coordinator.episode import Episode
-
-if TYPE_CHECKING:
-    from trinity.config import Settings
-    from trinity.coordinator.head import ParamLayout
 
 METHODS = ("sep_cma", "reinforce", "random_search")
 
@@ -62,23 +58,3 @@ class PlainStateOptimizer:
 
     def resume(self) -> None:
         pass
-
-
-
-def make_optimizer(settings: Settings, layout: ParamLayout, x0: np.ndarray | None = None) -> Optimizer:
-    """The optimiser of `evolve.method`, started at `x0` (None: the zero vector, uniform picks)."""
-    ev = settings.evolve
-    popsize = ev.popsize or default_popsize(layout.n_params)
-    if ev.method == "sep_cma":
-        from trinity.evolve.sep_cma import SepCMA
-
-        return SepCMA(layout.n_params, ev.sigma0, popsize, ev.seed, x0=x0)
-    if ev.method == "reinforce":
-        from trinity.evolve.reinforce import Reinforce
-
-        return Reinforce(layout, popsize, lr=ev.reinforce_lr, x0=x0)
-    if ev.method == "random_search":
-        from trinity.evolve.random_search import RandomSearch
-
-        return RandomSearch(layout.n_params, popsize, sigma=ev.sigma0, seed=ev.seed, x0=x0)
-    raise ValueError(f"unknown evolve.method {ev.method!r}; expected one of {METHODS}")

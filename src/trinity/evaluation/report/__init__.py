@@ -6,7 +6,8 @@ Reads what the pipeline wrote (the contract is docs/eval_results_schema.md):
   evaluate stage),
 - `data/evolve/history.json`, `data/checkpoints/coordinator.json` (the evolve stage),
 
-and writes `summary.md` (`tables`), `traces.md` (`traces`) and PNG plots under `plots/` (`plots`); `format`
+and writes `summary.md` (`tables`; its plain-language reading: `reading`), `traces.md` (`traces`) and PNG plots
+under `plots/` (`plots`); `format`
 holds the row order, labels and number formats they share. Nothing here calls a model, opens the store or reads
 settings, and nothing is timestamped: the same files render the same bytes.
 """
