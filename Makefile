@@ -177,7 +177,7 @@ run-every-item: setup setup-sandbox
 # per evolve.method on the same budget (params.yaml's evolve.*, or add -S overrides to ABLATION_SET), each run in a
 # temporary copy of the workspace (`dvc exp run --temp`; TRINITY_STORE names this checkout's response store, which
 # they share, so calls one method paid for are not paid again), one after the other, compared with
-# `dvc exp show`, tabulated in reports/ablation.md. Not DVC's celery queue (`--queue` + `--run-all`): its worker hangs after one or two
+# `dvc exp show`, tabulated in reports/evidence/ablation.md. Not DVC's celery queue (`--queue` + `--run-all`): its worker hangs after one or two
 # experiments (JSONDecodeError, treeverse/dvc#10428, open), seen here too. An experiment already done is kept
 # (to run one again: `dvc exp remove ablation-<method>`). data.root is passed as an absolute path: DVC resolves a
 # relative one against the temporary copy.
@@ -196,7 +196,7 @@ ablation: setup setup-sandbox
 
 # Cost-aware routing: the coordinator retrained at each reward.cost_weight (seconds) and played on the run's
 # evaluation items, against each member, the learned router and random routing: reports/cost_front.{md,json},
-# reports/cost_front.png. After `make run` (it shares the run's store; resumable). COST_WEIGHTS to change them.
+# reports/evidence/cost_front.png. After `make run` (it shares the run's store; resumable). COST_WEIGHTS to change them.
 # After `make run-full`: COST_OUT=reports/full_profile keeps the front beside that run's report.
 COST_WEIGHTS ?= 0.002,0.005,0.01,0.02
 COST_OUT ?= reports

@@ -11,7 +11,7 @@ Compared, same run: one real call to the cheapest bundled member (SmolLM2-135M t
 reply to a short math prompt), the unit every training generation pays thousands of times. The loop was
 rewritten for readability (issue 25: one loop, no hand-written draws or tree memos); the old goal (<= 50 ms,
 set for the memo-tree loop) is retired: at the paper's shape the loop's own work is 0.3 s of a 5,020 s
-generation (reports/training_cost.json), so the goal is now that a whole stored generation costs less than
+generation (reports/evidence/training_cost.json), so the goal is now that a whole stored generation costs less than
 one real call. Also reported: a "cold" generation (fresh in-memory caches: states and responses come from the
 DuckDB store).
 

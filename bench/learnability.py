@@ -134,7 +134,7 @@ def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: in
 
 
 def markdown(res: dict, command: str) -> str:
-    """The comparison as a report (reports/learnability.md): what was measured, by which command, and the curves."""
+    """The comparison as a report (reports/evidence/learnability.md): what was measured, by which command, and the curves."""
     d = res["detail"]
     b, st = d["budget"], d["settings"]
     lines = [

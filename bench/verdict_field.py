@@ -8,7 +8,7 @@ settings). Each item gets one fixed proposed answer: one Worker reply (`--worker
 pool member of params.yaml is then asked as Verifier (cap coordinator.verifier_max_tokens) on every item, twice:
 (a) constrained: the Verifier request exactly as an episode sends it (SamplingParams.output_format "verdict");
 (b) free text: the same messages and sampling without the output format.
-A reply "has no field" when `trinity.coordinator.roles.parse_verdict` returns None (failed calls are counted apart).
+A reply "has no field" when `trinity.verdict.parse_verdict` returns None (failed calls are counted apart).
 
 Calls go through the Pool into a store of this bench's own (default /tmp/trinity-bench/verdict_field.duckdb, never
 the pipeline's data/store: DuckDB allows one writer per file): a rerun pays nothing.
@@ -51,7 +51,8 @@ def training_items(settings) -> tuple[list, str]:
 
 def measure(settings, items, store, worker: str) -> tuple[list[dict], list[dict], dict]:
     """(Worker rows, Verifier rows: one per (member, item, variant), pool stats)."""
-    from trinity.coordinator.roles import Role, parse_verdict, role_messages, turn_of
+    from trinity.coordinator.roles import Role, role_messages, turn_of
+    from trinity.verdict import parse_verdict
     from trinity.pool.runtime import Request, build_pool
 
     cap = settings.coordinator.verifier_max_tokens
@@ -100,9 +101,9 @@ def summarise(rows: list[dict]) -> dict:
 
 def _reason_bound(max_tokens: int) -> int:
     """The reason's character bound in the local members' verdict grammar at `max_tokens`."""
-    from trinity.pool import local
+    from trinity import verdict
 
-    return local.VERDICT_REASON_CHARS_PER_TOKEN * (max_tokens - local.VERDICT_FIELD_TOKENS)
+    return verdict.VERDICT_REASON_CHARS_PER_TOKEN * (max_tokens - verdict.VERDICT_FIELD_TOKENS)
 
 
 def _dirty() -> bool:

@@ -1,4 +1,4 @@
-"""reports/ablation.md from the optimiser ablation's DVC experiments (`make ablation`, docs/operations.md "DVC: remote,
+"""reports/evidence/ablation.md from the optimiser ablation's DVC experiments (`make ablation`, docs/operations.md "DVC: remote,
 push/pull, experiments"): one experiment per `evolve.method`, the same pipeline and budget otherwise.
 
 Reads `dvc exp show --json` (run here, or a file given with --json) and tabulates, for every experiment whose
@@ -6,7 +6,7 @@ name starts with --prefix: the training result (reports/metrics/evolve.json) and
 (the `trinity` row of reports/metrics/evaluate.json). Fails, naming the experiments, when they do not share one
 budget (every evolve.* key but the method equal) or when an experiment has no metrics (it failed or was not run).
 
-    python scripts/ablation_report.py [--prefix ablation-] [--json exp_show.json] [--out reports/ablation.md]
+    python scripts/ablation_report.py [--prefix ablation-] [--json exp_show.json] [--out reports/evidence/ablation.md]
 """
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """Which answer should an episode return? Regrade stored episodes under every rule (0 LLM calls).
 
 Reads evaluation episodes (data/eval/episodes.jsonl's schema; `--episodes`, repeatable; default: the shipped
-reports/answer_rule_episodes.jsonl, the coordinator's and random routing's episodes of the run committed at 37f6057,
+reports/evidence/answer_rule_episodes.jsonl, the coordinator's and random routing's episodes of the run committed at 37f6057,
 played under the rule `latest` with max_turns 3, so that the rules can disagree),
 takes every multi-agent episode (the coordinator's and random routing's: `--methods`) that is graded right or wrong
 (judged MT-Bench conversations are left out: their score is a judge's, across conversation turns), rebuilds its
 turns and grades the answer each rule of `trinity.coordinator.roles.ANSWER_RULES` returns. Each distinct (item,
 answer) is graded once; code runs in the project's sandbox, as in evaluation.
 
-Writes reports/answer_rule.json and .md (per rule: mean score over all episodes, and over the episodes where the
+Writes reports/evidence/answer_rule.json and .md (per rule: mean score over all episodes, and over the episodes where the
 rules disagree), and prints one JSON line. The rule with the highest mean on the disagreeing episodes is the
 data's choice; with few disagreements the table says so and how many there were.
 
@@ -55,7 +55,7 @@ def main(argv=None) -> dict:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", action="append", type=Path, default=None,
-                    help="episodes.jsonl files (default reports/answer_rule_episodes.jsonl)")
+                    help="episodes.jsonl files (default reports/evidence/answer_rule_episodes.jsonl)")
     ap.add_argument("--prepared", type=Path, default=ROOT / "data" / "prepared", help="the items (data/prepared)")
     ap.add_argument("--methods", default="trinity,random-routing", help="comma-separated methods to regrade")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "answer_rule")

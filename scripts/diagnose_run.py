@@ -420,7 +420,8 @@ class Diagnosis:
 
     def q1(self):
         from trinity.coordinator.head import softmax
-        from trinity.coordinator.roles import Role, parse_verdict, parse_thinker
+        from trinity.coordinator.roles import Role, parse_thinker
+        from trinity.verdict import parse_verdict
 
         W, L = self.W, self.L
         print("=" * 100)
@@ -481,7 +482,7 @@ class Diagnosis:
               f"(episode ends, reward 0): {sum(1 for n in forced if n.forced is Role.VERIFIER and n.answer is None)}")
 
         # verifier verdicts by model
-        print("\n[Verifier replies in the store, parsed with roles.parse_verdict]")
+        print("\n[Verifier replies in the store, parsed with trinity.verdict.parse_verdict]")
         by = defaultdict(Counter)
         for mid, role, msgs, text, ok, ct, failure, sampling in self.responses:
             if role != "verifier":

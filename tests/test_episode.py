@@ -9,7 +9,8 @@ import pytest
 from trinity.config import PoolMember, RewardSettings
 from trinity.coordinator.episode import Episode, StateCache, model_pick_entropy, play_episodes, shaped_reward
 from trinity.coordinator.head import HeadShape, route_probs
-from trinity.coordinator.roles import Role, coordinator_text, parse_thinker, parse_verdict, role_messages
+from trinity.coordinator.roles import Role, coordinator_text, parse_thinker, role_messages
+from trinity.verdict import parse_verdict
 from trinity.pool.runtime import Pool
 from trinity.records import Task
 from trinity.store import Store

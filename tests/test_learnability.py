@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trinity.coordinator.roles import parse_verdict
+from trinity.verdict import parse_verdict
 from trinity.evolve import known_answer as ka
 from trinity.grading import grade
 
@@ -43,7 +43,7 @@ def _params(tmp_path, **overrides) -> Path:
 
 
 @pytest.mark.parametrize("rules,goal", [
-    # the machinery, on the rules it was first shown to learn under (reports/learnability.md): the latest answer
+    # the machinery, on the rules it was first shown to learn under (reports/evidence/learnability.md): the latest answer
     # returned, the paper's shaping; a broken optimiser, head, feature path or reward stays at ~1/3 here
     ({"coordinator": {"answer_rule": "latest"}, "reward": {"diversity_weight": 0.15, "turn_penalty_weight": 0.1}}, 0.9),
     # the defaults since issue 38 (the first answer returned, a binary reward) learn it less well at this size:

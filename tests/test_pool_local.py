@@ -102,8 +102,9 @@ VERIFY_CASES = [  # (question, proposed answer): right and wrong answers of the 
 def test_verifier_grammar_always_gives_the_field():
     """Under the verdict grammar every Verifier reply of a real model ends with the field, within the Verifier's
     token cap (params.yaml coordinator.verifier_max_tokens = 48): a chat-template member and the completion-style
-    base member. Free text from these models mostly has no field (reports/verdict_field.md)."""
-    from trinity.coordinator.roles import Turn, parse_verdict
+    base member. Free text from these models mostly has no field (reports/evidence/verdict_field.md)."""
+    from trinity.coordinator.roles import Turn
+    from trinity.verdict import parse_verdict
 
     gemma = PoolMember(name="gemma", backend="local", model="gemma-3-270m", max_tokens=128, temperature=0.7,
                        engine="in-process")
@@ -124,6 +125,7 @@ def test_verifier_grammar_always_gives_the_field():
 def test_verdict_grammar_is_in_the_key(monkeypatch):
     """The grammar text is part of a Verifier request's identity (editing it asks again); a Worker request's
     identity is what it was before output formats existed."""
+    from trinity import verdict
     from trinity.pool import local
     from trinity.store import response_key
 
@@ -134,9 +136,9 @@ def test_verdict_grammar_is_in_the_key(monkeypatch):
         "llama_cpp": local.binding_version()}
     verifier = pool.sampling(0, "verifier")
     identity = member.request_identity(msgs, verifier)
-    assert identity["grammar"] == local.verdict_grammar(verifier.max_tokens)
+    assert identity["grammar"] == verdict.verdict_grammar(verifier.max_tokens)
     assert '"Verdict: " ("ACCEPT" | "REJECT")' in identity["grammar"]
     assert pool.key(0, msgs, "verifier") == response_key(member.model_id, msgs, verifier, identity)
     before = pool.key(0, msgs, "verifier")
-    monkeypatch.setattr(local, "VERDICT_REASON_CHARS_PER_TOKEN", 3)
+    monkeypatch.setattr(verdict, "VERDICT_REASON_CHARS_PER_TOKEN", 3)
     assert pool.key(0, msgs, "verifier") != before

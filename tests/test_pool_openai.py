@@ -464,7 +464,7 @@ def test_verifier_asks_for_structured_verdict_and_reads_it(api_key, transport):
     and an ACCEPT/REJECT "verdict"), and the JSON reply is read as the verdict. Other roles send no
     response_format and keep the store key they had before output formats existed (no identity entry)."""
     from trinity.coordinator.roles import Role, Turn, role_messages, turn_of
-    from trinity.pool.openai_wire import VERDICT_RESPONSE_FORMAT
+    from trinity.verdict import VERDICT_RESPONSE_FORMAT
     from trinity.pool.runtime import Pool
     from trinity.records import Task
     from trinity.store import response_key

@@ -9,7 +9,8 @@ import pytest
 
 from trinity.config import PoolMember, RewardSettings
 from trinity.coordinator.episode import Episode, StateCache, play_episodes
-from trinity.coordinator.roles import Role, Turn, make_turn, parse_verdict, role_messages
+from trinity.coordinator.roles import Role, Turn, make_turn, role_messages
+from trinity.verdict import parse_verdict
 from trinity.pool.runtime import Pool
 from trinity.records import SamplingParams, Task
 from trinity.store import Store

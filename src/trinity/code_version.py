@@ -81,6 +81,9 @@ COMPATIBLE_REFACTORS: dict[str, str] = {
     # and tables apart from the episodes (evaluation/items.py, summary.py), results.json as pydantic models, env
     # switches read in one place (env.py). Replayed from the store with 0 calls, check_replay: no file differs.
     "8966bb3dea58f922": "f431cf20e9fa3c3d",
+    # issue 40: the verdict defined once (trinity/verdict.py: its values, parser, grammar and JSON schema, moved
+    # verbatim from roles.py, local.py and openai_wire.py; the grammar text and schema are the same strings).
+    "e564999f6df6571c": "8966bb3dea58f922",
 }
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
 

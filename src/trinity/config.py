@@ -187,7 +187,7 @@ class CoordinatorSettings(_Section):
     """How evaluation, serving and the validation selection play the head: its argmax picks, or seeded draws."""
     answer_rule: Literal["latest", "first", "accepted_else_first", "latest_unrejected"] = "first"
     """Which Worker answer an episode returns (`coordinator.roles.returned_answer`). "first": chosen by regrading
-    stored episodes under every rule (scripts/answer_rule.py, reports/answer_rule.md). Under "first" an episode ends
+    stored episodes under every rule (scripts/answer_rule.py, reports/evidence/answer_rule.md). Under "first" an episode ends
     at its first answer: no later turn could change what it returns."""
     thinker_max_tokens: int = 160
     verifier_max_tokens: int = 48

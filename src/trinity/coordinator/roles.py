@@ -14,12 +14,12 @@ Verifier reads query + current answer; replies with a short reason, then a last 
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from enum import Enum
 
 from trinity.records import ChatMessage, Task
+from trinity.verdict import parse_verdict
 
 
 class Role(str, Enum):
@@ -71,8 +71,6 @@ ANSWER_FORMAT = {
     "judge": "",
 }
 
-VERDICTS: tuple[str, ...] = ("ACCEPT", "REJECT")
-
 VERIFIER_INSTRUCTION = (
     "Is the proposed answer correct? Reply with at most two short sentences of reasoning, then end with your "
     "verdict, ACCEPT or REJECT, on a last line of the form `Verdict: ACCEPT` or `Verdict: REJECT`.")
@@ -108,7 +106,7 @@ def latest_answer(turns: tuple[Turn, ...]) -> str | None:
 
 ANSWER_RULES: tuple[str, ...] = ("latest", "first", "accepted_else_first", "latest_unrejected")
 """Which Worker answer an episode returns (`returned_answer`; `coordinator.answer_rule`). Chosen by regrading
-stored episodes every way at no call (scripts/answer_rule.py, reports/answer_rule.md)."""
+stored episodes every way at no call (scripts/answer_rule.py, reports/evidence/answer_rule.md)."""
 
 
 def returned_answer(turns: tuple[Turn, ...], rule: str = "latest") -> str | None:
@@ -227,52 +225,6 @@ def parse_thinker(text: str) -> tuple[str | None, Role | None]:
     suggestion = m.group(1).strip() if m and m.group(1).strip() else (text.strip()[:500] or None)
     r = _ROLE_RE.search(text)
     return suggestion, (Role(r.group(1).lower()) if r else None)
-
-
-_FIELD = re.compile(r"verdict\s*:(?P<value>.*)", re.I)
-_MARKUP = str.maketrans("", "", "*`_")
-_FENCE = re.compile(r"^```(?:json)?\s*(?P<body>.*?)\s*```$", re.I | re.S)
-
-
-def parse_verdict(text: str) -> str | None:
-    """The verdict field of a Verifier reply: "ACCEPT", "REJECT", or None when the reply has no such field.
-
-    The field is the last line that starts with "Verdict:" (case, markdown bold/backticks and surrounding
-    whitespace aside; a trailing full stop is allowed); its value must be exactly ACCEPT or REJECT, else there
-    is no verdict. An API member under `response_format` replies with a JSON object, whose "verdict" member is
-    the field. Nothing else is read: prose ("I accept.", "It is impossible to accept this answer.") is no
-    verdict, and a reply without a verdict does not end the episode. Only what follows the last </think> is
-    the reply (a reply cut inside an unclosed <think> has none).
-    """
-    i = text.rfind("</think>")
-    if i >= 0:
-        text = text[i + len("</think>"):]
-    elif "<think>" in text:
-        text = text[:text.index("<think>")]
-    body = text.strip()
-    fenced = _FENCE.match(body)
-    if fenced:
-        body = fenced.group("body")
-    if body.startswith("{"):
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict):
-            value = obj.get("verdict")
-            return _verdict_value(value) if isinstance(value, str) else None
-    for line in reversed(text.splitlines()):
-        m = _FIELD.match(line.translate(_MARKUP).strip())
-        if m:
-            return _verdict_value(m.group("value"))
-    return None
-
-
-def _verdict_value(value: str) -> str | None:
-    """ACCEPT / REJECT from a field's value (any case, an optional full stop); None for anything else."""
-    v = value.strip()
-    v = v[:-1].rstrip() if v.endswith(".") else v
-    return v.upper() if v.upper() in VERDICTS else None
 
 
 def make_turn(model: str, role: Role, text: str, ok: bool, *, prompt_tokens: int = 0, completion_tokens: int = 0,

@@ -2,7 +2,7 @@
 
 Reasoning models write <think>…</think> before the answer. Two other readers cut the reasoning differently on
 purpose, and keep their own rule: `grading.code.extract_code` always reads only what follows the last </think>
-(even when nothing does), and the verifier's verdict (`coordinator.roles.parse_verdict`) also drops an unclosed
+(even when nothing does), and the verifier's verdict (`trinity.verdict.parse_verdict`) also drops an unclosed
 <think> and what follows it (a reply cut inside its reasoning has no verdict).
 """
 from __future__ import annotations

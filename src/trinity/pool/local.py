@@ -13,7 +13,7 @@ completion-style (base) model the exact prompt text rendered from the messages (
 example and stop strings included), the context size, the thread count and the llama.cpp version, and for a
 request with an output format (`SamplingParams.output_format`) the text of the grammar that enforces it.
 
-Output formats: a "verdict" request (the Verifier's) is decoded under a GBNF grammar (`verdict_grammar`) that
+Output formats: a "verdict" request (the Verifier's) is decoded under a GBNF grammar (`trinity.verdict.verdict_grammar`) that
 admits only a short reason on one line, then a last line `Verdict: ACCEPT` or `Verdict: REJECT`: every reply
 that is not cut carries the field. The reason is bounded in characters so that the field fits in the request's
 max_tokens at the tokenisation the bundled models show (a reply cut before its field has no verdict).
@@ -31,6 +31,7 @@ from trinity.config import PoolMember
 from trinity.pool.bundled import BUNDLED, gguf_sha256, resolve_gguf
 from trinity.pool.errors import PoolConfigError
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
+from trinity.verdict import VERDICT_FORMAT, verdict_grammar
 
 class LoadedModels:
     """The llama.cpp models this process has loaded: one instance, and one lock serialising its calls, per
@@ -87,26 +88,11 @@ def completion_prompt(messages: Sequence[ChatMessage]) -> str:
     return f"{system}\n\n{COMPLETION_EXAMPLE}\n\n{convo}\n\nAnswer:"
 
 
-VERDICT_FIELD_TOKENS = 8
-"""Tokens kept for the verdict line ("\nVerdict: ACCEPT" is 4-6 tokens in the bundled models' vocabularies)."""
-VERDICT_REASON_CHARS_PER_TOKEN = 2
-"""Characters of reason allowed per token of max_tokens left after the field: a pessimistic density (the
-bundled models' Verifier reasons average about 3-4 characters per token; digits and LaTeX run denser)."""
-
-
-def verdict_grammar(max_tokens: int) -> str:
-    """The GBNF grammar of a "verdict" reply within `max_tokens`: an optional one-line reason of at most
-    VERDICT_REASON_CHARS_PER_TOKEN x (max_tokens - VERDICT_FIELD_TOKENS) characters, then the field."""
-    chars = VERDICT_REASON_CHARS_PER_TOKEN * (max_tokens - VERDICT_FIELD_TOKENS)
-    field = 'root ::= {}"Verdict: " ("ACCEPT" | "REJECT")\n'
-    return field.format(f'([^\\n]{{1,{chars}}} "\\n")? ' if chars > 0 else "")
-
-
 def output_grammar(sampling: SamplingParams) -> str | None:
     """The grammar that enforces `sampling.output_format` (None: free text)."""
     if sampling.output_format is None:
         return None
-    if sampling.output_format == "verdict":
+    if sampling.output_format == VERDICT_FORMAT:
         return verdict_grammar(sampling.max_tokens)
     raise ValueError(f"local members have no grammar for output_format {sampling.output_format!r}")
 

@@ -25,7 +25,7 @@ Per call:
     (`openai_wire.output_response_format`): a "verdict" request (the Verifier's) asks for OpenAI structured
     outputs, a JSON object {"reason": str, "verdict": "ACCEPT" | "REJECT"} under a strict JSON schema (the
     form vLLM, SGLang, Ollama and llama.cpp's server accept too); the reply text is that JSON, which
-    `trinity.coordinator.roles.parse_verdict` reads. The response_format is part of the request's identity
+    `trinity.verdict.parse_verdict` reads. The response_format is part of the request's identity
     (`request_identity`), hence of its store key.
   * a failure's kind (`ChatResponse.failure`): "deterministic" when the request itself is refused (HTTP
     400/413/422: invalid, too long, filtered) or answered without content — the pool stores it as the

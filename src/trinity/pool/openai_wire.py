@@ -14,32 +14,16 @@ from typing import Any, Mapping
 import openai
 
 from trinity.records import SamplingParams
+from trinity.verdict import VERDICT_FORMAT, VERDICT_RESPONSE_FORMAT
 
 _ERROR_EXCERPT_CHARS = 300
-
-
-VERDICT_RESPONSE_FORMAT: dict[str, Any] = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "verdict",
-        "strict": True,
-        "schema": {
-            "type": "object",
-            "properties": {"reason": {"type": "string"}, "verdict": {"type": "string", "enum": ["ACCEPT", "REJECT"]}},
-            "required": ["reason", "verdict"],
-            "additionalProperties": False,
-        },
-    },
-}
-"""The Verifier's reply as structured output: one short reason, then the verdict field (reason first, as in
-the text form: the verdict is decoded after it)."""
 
 
 def output_response_format(sampling: SamplingParams) -> dict[str, Any] | None:
     """The `response_format` that enforces `sampling.output_format` (None: free text)."""
     if sampling.output_format is None:
         return None
-    if sampling.output_format == "verdict":
+    if sampling.output_format == VERDICT_FORMAT:
         return VERDICT_RESPONSE_FORMAT
     raise ValueError(f"API members have no response_format for output_format {sampling.output_format!r}")
 
@@ -132,4 +116,4 @@ def _excerpt(obj: Any) -> str:
     return s if len(s) <= _ERROR_EXCERPT_CHARS else s[:_ERROR_EXCERPT_CHARS] + "..."
 
 
-__all__ = ["VERDICT_RESPONSE_FORMAT", "output_response_format", "parse_retry_after"]
+__all__ = ["output_response_format", "parse_retry_after"]

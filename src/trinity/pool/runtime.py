@@ -40,6 +40,7 @@ from trinity.pool.http_loop import run_on_http_loop
 from trinity.pool.llama_server import with_thread_budget
 from trinity.pool.members import build_member, over_http
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
+from trinity.verdict import VERDICT_FORMAT
 from trinity.store import REPLAY_ENV, ReplayMiss, Store, replay_only, response_key
 
 
@@ -71,7 +72,7 @@ class PoolStats:
         return d
 
 
-ROLE_OUTPUT_FORMAT: dict[str, str] = {"verifier": "verdict"}
+ROLE_OUTPUT_FORMAT: dict[str, str] = {"verifier": VERDICT_FORMAT}
 """The reply shape each role demands of a member (`SamplingParams.output_format`); other roles: free text."""
 
 
