@@ -226,3 +226,21 @@ def test_make_runs_the_preflight_before_installing_or_building():
     run_flags = subprocess.run(["make", "-n", "-B", "run"], cwd=PROJECT, capture_output=True, text=True,
                                check=True).stdout
     assert re.search(r"scripts/preflight\.py .*--sandbox --pipeline", run_flags), run_flags[:2000]
+
+
+def test_pyenv_and_uv_pythons_are_found_where_their_settings_put_them(tmp_path, monkeypatch):
+    """PYENV_ROOT and UV_PYTHON_INSTALL_DIR move pyenv's and uv's interpreters out of HOME (a shared pyenv, a CI
+    image): the preflight looks there, not only under ~/.pyenv and ~/.local/share/uv."""
+    pyenv = tmp_path / "shared-pyenv" / "versions" / "3.10.13" / "bin" / "python3.10"
+    uv = tmp_path / "uv-pythons" / "cpython-3.10.14-linux-x86_64-gnu" / "bin" / "python3.10"
+    for exe in (pyenv, uv):
+        exe.parent.mkdir(parents=True)
+        exe.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "shared-pyenv"))
+    monkeypatch.setenv("UV_PYTHON_INSTALL_DIR", str(tmp_path / "uv-pythons"))
+    found = preflight._candidates("3.10")
+    assert str(pyenv) in found and str(uv) in found
+    monkeypatch.delenv("PYENV_ROOT")
+    monkeypatch.delenv("UV_PYTHON_INSTALL_DIR")
+    assert str(pyenv) not in preflight._candidates("3.10")  # without them: HOME's own places only
