@@ -25,112 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
-import time
-from typing import Sequence
 from pathlib import Path
 
+from trinity.evolve.known_answer import PAPER_SIGMA0, measure_learnability as run
+
 ROOT = Path(__file__).resolve().parents[1]
-
-import numpy as np
-
-from trinity.config import EvolveSettings
-from trinity.machine import commit, cpu_kind
-
-
-PAPER_SIGMA0 = EvolveSettings.model_fields["sigma0"].default
-"""The paper's σ0 (the settings' default; params.yaml sets its own for `make run`'s small population)."""
-
-
-def run(generations: int, tasks_per_generation: int, n_train: int, n_heldout: int, methods: list[str],
-        popsize: int | None = None, params: Path = ROOT / "params.yaml", encoder=None, seed: int = 0,
-        feature_norm: str | None = None, max_turns: int | None = None, sigma0: float | None = None,
-        n_validation: int = 0, warm_starts: Sequence[str] = ("none",),
-        log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
-    from trinity.config import load_settings
-    from trinity.coordinator.episode import RolloutTrees, StateCache
-    from trinity.evolve import known_answer as ka
-    from trinity.evolve.loop import param_layout
-    from trinity.evolve.optimizer import default_popsize
-    from trinity.grading import grade
-    from trinity.coordinator.policy import make_encoder
-
-    t_start = time.perf_counter()
-    project = load_settings(params)
-    coordinator = {"feature_norm": feature_norm} if feature_norm else {}
-    if max_turns:
-        coordinator["max_turns"] = max_turns
-    # the optimiser's shape is the paper's unless asked (not params.yaml's, which is sized for `make run`)
-    base = ka.known_answer_settings(project, coordinator, generations=generations, seed=seed,
-                                    episodes_per_candidate=tasks_per_generation, popsize=popsize,
-                                    sigma0=sigma0 if sigma0 is not None else PAPER_SIGMA0)
-    train = ka.make_tasks(n_train, seed, "train")
-    heldout = ka.make_tasks(n_heldout, seed, "heldout", exclude=train)
-    validation = ka.make_tasks(n_validation, seed, "validation", exclude=train + heldout) if n_validation else []
-    assert not {t.query for t in train} & {t.query for t in heldout}, "held-out queries drawn into training"
-    pool = ka.make_pool(train + heldout + validation)
-    encoder = encoder if encoder is not None else make_encoder(base)
-    states = StateCache(encoder, store=None)
-    trees = RolloutTrees()  # shared by every method: same replies, same transcripts (states encoded once)
-    layout = param_layout(base, len(pool), states)
-    popsize = base.evolve.popsize or default_popsize(layout.n_params)
-
-    oracle = ka.oracle_accuracy(heldout, grade)
-    single = ka.single_member_accuracy(heldout, grade)
-    zero = np.zeros((len(pool) + 3, states.dim))  # (uniform whatever the features)
-    rand = ka.score_policy(zero, heldout, pool, states, base, grade, trees, samples=8, seed=seed)
-    log(f"[learnability] oracle {oracle:.3f} · best single {max(single.values()):.3f} · random routing "
-        f"{rand.accuracy:.3f} · {len(train)} train / {len(heldout)} held-out tasks · popsize {popsize} · "
-        f"{tasks_per_generation} tasks/gen · {generations} generations · encoder {getattr(encoder, 'encoder_id', '?')}")
-
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for method, start in [(m, w) for m in methods for w in warm_starts]:
-            s = ka.known_answer_settings(base, method=method, warm_start=start)
-            name = method if list(warm_starts) == ["none"] else f"{method} (start: {start})"
-            states.features = None  # each method fits its own (identical) map from the training tasks
-
-            def progress(p, _m=name):
-                log(f"[learnability:{_m}] gen {p['generation']}/{generations} · mean fitness {p['mean_fitness']:.3f}"
-                    f" · saved {p['saved_fitness']:.3f} · held-out acc {p['heldout_accuracy']:.3f} "
-                    f"({p['heldout_turns']:.2f} turns) · models {p['model_usage']} · roles {p['role_usage']} · "
-                    f"{p['wall_s']:.0f}s · states encoded {states.encoded}")
-
-            out = ka.train_method(s, train, heldout, pool, states, grade, trees, Path(tmp), on_generation=progress,
-                                  validation=validation)
-            curve = out["curve"]
-            reach = next((p["generation"] for p in curve if p["heldout_accuracy"] >= 0.9 * oracle), None)
-            final = out["final"]
-            results[name] = {
-                "heldout_accuracy": final.accuracy, "fraction_of_oracle": round(final.accuracy / oracle, 4),
-                "generations_to_90pct": reach, "heldout_turns": final.mean_turns, "model_usage": final.model_usage,
-                "role_usage": final.role_usage, "curve": curve}
-    first = next(iter(results))
-    return {
-        "name": "learnability", "figure": results[first]["fraction_of_oracle"],
-        "unit": f"held-out accuracy of the trained coordinator ({first}, argmax) / the oracle router's",
-        "goal": ">= 0.9",
-        "compared_to": "the oracle router (each task to its family's expert), every single member alone, random "
-                       "routing (zero head, sampled, 8 episodes per task) and the other optimisers at the same episode "
-                       "budget, same run",
-        "detail": {
-            "oracle_accuracy": oracle, "single_member_accuracy": single,
-            "best_single_fraction_of_oracle": round(max(single.values()) / oracle, 4),
-            "random_routing_accuracy": rand.accuracy,
-            "random_routing_fraction_of_oracle": round(rand.accuracy / oracle, 4),
-            "methods": results,
-            "budget": {"generations": generations, "popsize": popsize, "tasks_per_generation": tasks_per_generation,
-                       "episodes_per_method": generations * popsize * min(tasks_per_generation, len(train))},
-            "tasks": {"train": len(train), "heldout": len(heldout), "validation": len(validation),
-                      "families": list(ka.FAMILIES)},
-            "warm_starts": list(warm_starts),
-            "settings": {"sigma0": base.evolve.sigma0, "reinforce_lr": base.evolve.reinforce_lr,
-                         "max_turns": base.coordinator.max_turns, "reward": base.reward.model_dump(),
-                         "feature_norm": base.coordinator.feature_norm,
-                         "encoder": getattr(encoder, "encoder_id", "?")},
-            "pool_calls": pool.stats.calls_made, "states_encoded": states.encoded,
-            "wall_s": round(time.perf_counter() - t_start, 1), "commit": commit(), "cpu": cpu_kind()},
-    }
 
 
 def markdown(res: dict, command: str) -> str:

@@ -52,9 +52,7 @@ def _params(tmp_path, **overrides) -> Path:
     ({}, 0.5),
 ])
 def test_sep_cma_learns_the_known_routing(tmp_path, rules, goal):
-    import learnability
-
-    res = learnability.run(generations=10, tasks_per_generation=12, n_train=4, n_heldout=4, methods=["sep_cma"],
+    res = ka.measure_learnability(generations=10, tasks_per_generation=12, n_train=4, n_heldout=4, methods=["sep_cma"],
                            max_turns=2, params=_params(tmp_path, **rules))
     d = res["detail"]
     assert d["oracle_accuracy"] == 1.0 and d["best_single_fraction_of_oracle"] == pytest.approx(1 / 3, abs=1e-3)
