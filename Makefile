@@ -39,7 +39,7 @@ export WANDB_SILENT := true
 # say what the goals on the command line need: BigCodeBench's Python 3.10 venv, DVC's data.root, the tests' data.
 SANDBOX_GOALS := run replay replay-full run-full run-every-item ablation cost-front setup-sandbox test-slow check-graders
 PIPELINE_GOALS := run replay replay-full run-full run-every-item ablation cost-front
-TEST_GOALS := test test-slow
+TEST_GOALS := test test-unit test-slow
 IN_PROCESS_GOALS := test test-slow bench setup-in-process
 HOST_PYTHON := $(firstword $(shell command -v python3 python3.11 python3.10 2>/dev/null))
 PREFLIGHT := $(HOST_PYTHON) scripts/preflight.py $(if $(PYTHON),--python '$(PYTHON)') \
@@ -49,7 +49,7 @@ PREFLIGHT_FLAGS := $(if $(filter $(SANDBOX_GOALS),$(MAKECMDGOALS)),--sandbox) \
 	$(if $(filter $(IN_PROCESS_GOALS),$(MAKECMDGOALS)),--in-process)
 
 .DEFAULT_GOAL := setup
-.PHONY: preflight setup setup-in-process setup-sandbox run run-full replay replay-full store-export run-every-item ablation cost-front prefect-server test test-slow check-graders bench clean-venv
+.PHONY: preflight setup setup-in-process setup-sandbox run run-full replay replay-full store-export run-every-item ablation cost-front prefect-server test test-unit test-slow check-graders bench clean-venv
 
 preflight:
 	@test -n "$(HOST_PYTHON)" || { echo "preflight: no python3 on PATH: install Python 3.11 (pyenv install 3.11, uv \
@@ -210,8 +210,13 @@ prefect-server: setup
 	PREFECT_HOME="$(CURDIR)/data/prefect-server" PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 \
 		$(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
 
+# every test not marked slow: tests/unit and tests/integration (README, "Tests")
 test: setup setup-in-process
 	bash scripts/run_tests.sh -m "not slow"
+
+# the unit tests alone (tests/unit: pure Python in one process, no model, server or sandbox; ~1.5 min)
+test-unit: setup
+	bash scripts/run_tests.sh -m "not slow" tests/unit
 
 # the BigCodeBench grading environment (Python 3.10 venv with the official eval pins): the evaluation and slow tests
 setup-sandbox: setup

@@ -68,8 +68,7 @@ def main() -> None:
     curve = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trinity-bench-calls-") as tmp, Store(Path(tmp) / "s.duckdb") as store:
-        c = settings.coordinator
-        pool = build_pool(settings.pool, store, {"thinker": c.thinker_max_tokens, "verifier": c.verifier_max_tokens})
+        pool = build_pool(settings.pool, store)  # evolve asks each role's caps of settings (RoleSampling.of)
         states = StateCache(encoder, store)
         played = {"turns": 0}
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 
 from trinity.config import PoolSettings
+from trinity.coordinator.role_sampling import RoleSampling
 from trinity.pool.llama_server import LLAMA_SERVERS
 from trinity.pool.runtime import build_pool
 from trinity.records import ChatMessage, SamplingParams
@@ -45,7 +46,7 @@ def stored_requests(store_path: Path, pool, n: int, any_engine: bool = False,
         if idx is None or role not in ROLES or (members and pool.members[idx].name not in members):
             continue
         msgs = [ChatMessage(r, c) for r, c in json.loads(messages)]
-        if not any_engine and pool.key(idx, msgs, role) != key:
+        if not any_engine and RoleSampling().key(pool, idx, msgs, role) != key:
             continue  # made with other settings or another engine
         out.append((idx, role, msgs, SamplingParams(**json.loads(sampling)), text))
         if len(out) == n:

@@ -20,7 +20,8 @@ from trinity.config import load_settings
 from trinity.coordinator.encoder import TranscriptEncoder
 from trinity.coordinator.episode import StateCache
 from trinity.coordinator.head import HeadShape, route_probs
-from trinity.coordinator.policy import make_encoder, role_caps
+from trinity.coordinator.policy import make_encoder
+from trinity.coordinator.role_sampling import RoleSampling
 from trinity.coordinator.roles import ROLES, Role, coordinator_text, latest_answer, make_turn, role_messages
 from trinity.data.loaders import load_gsm8k
 from trinity.pool.runtime import build_pool
@@ -36,7 +37,7 @@ def main():
     if args.chunk_tokens is not None:
         c = settings.coordinator.model_copy(update={"encode_chunk_tokens": args.chunk_tokens})
         settings = settings.model_copy(update={"coordinator": c})
-    pool = build_pool(settings.pool, store=None, role_max_tokens=role_caps(settings))
+    pool, role_sampling = build_pool(settings.pool, store=None), RoleSampling.of(settings)
     encoder = make_encoder(settings)
     states = StateCache(encoder, store=None)
     rng = np.random.default_rng(0)
@@ -57,7 +58,7 @@ def main():
                 role = Role.WORKER  # keep the episode going: this bench measures turns
             msgs = role_messages(role, task, turns)
             t1 = time.perf_counter()
-            resp = asyncio.run(pool.complete(m, msgs, role.value))
+            resp = asyncio.run(role_sampling.complete(pool, m, msgs, role))
             t2 = time.perf_counter()
             decide_s.append(t1 - t0)
             act_s.append(t2 - t1)

@@ -110,8 +110,6 @@ def main() -> None:
     d = settings.data
     train, _ = build_splits(d.resolved_root(), train=d.train, heldout=d.heldout, seed=d.seed,
                             math500_max_level=d.math500_max_level)
-    c = settings.coordinator
-    caps = {"thinker": c.thinker_max_tokens, "verifier": c.verifier_max_tokens}
     if real:
         from trinity.coordinator.policy import make_encoder
 
@@ -121,9 +119,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="trinity-bench-gen-") as tmp, Store(Path(tmp) / "s.duckdb") as store:
         if real:
-            pool = build_pool(settings.pool, store, caps)
+            pool = build_pool(settings.pool, store)  # evolve asks each role's caps of settings
         else:
-            pool = Pool([StandInModel(m["name"]) for m in members], [PoolMember(**m) for m in members], store, caps)
+            pool = Pool([StandInModel(m["name"]) for m in members], [PoolMember(**m) for m in members], store)
         states, trees = StateCache(encoder, store), RolloutTrees()
         t0 = time.perf_counter()
         fill = evolve(settings, train, pool, states, grade, store=store, run_id="fill", trees=trees).history[0]
@@ -168,7 +166,7 @@ def main() -> None:
             "put_episodes_ms": [round(x, 2) for x in put_ms],
             "cold_generation_ms": round(1e3 * cold.wall_s, 1),
             "popsize": args.popsize, "tasks": len(tasks), "episodes": args.popsize * len(tasks),
-            "n_params": layout.n_params, "max_turns": c.max_turns, "fill": args.fill,
+            "n_params": layout.n_params, "max_turns": settings.coordinator.max_turns, "fill": args.fill,
             "fill_calls": fill.calls_made, "fill_states": fill.states_encoded, "fill_s": round(fill_s, 1),
             "stored_responses": n_responses, "stored_states": n_states,
             "picks_per_generation": sum(fill.model_usage.values()), "reps": args.reps,

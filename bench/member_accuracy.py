@@ -62,12 +62,12 @@ def with_max_tokens(settings, cap: int):
 def measure(settings, items, store, grade) -> tuple[list[dict], int]:
     """(one row per (item, member): score, completion tokens, latency, truncated, ok; new calls paid)."""
     from trinity.coordinator.roles import Role, latest_answer, role_messages, turn_of
-    from trinity.pool.runtime import Request, build_pool
+    from trinity.coordinator.role_sampling import RoleSampling
+    from trinity.pool.runtime import build_pool
 
-    pool = build_pool(settings.pool, store)
-    caps = {i: pool.sampling(i, Role.WORKER.value).max_tokens for i in range(len(pool))}
-    w = Role.WORKER.value
-    requests = [Request(i, w, pool.key(i, msgs, w), msgs)
+    pool, roles = build_pool(settings.pool, store), RoleSampling()  # a Worker turn: each member's own cap
+    caps = {i: roles.sampling(pool, i, Role.WORKER).max_tokens for i in range(len(pool))}
+    requests = [roles.request(pool, i, msgs, Role.WORKER)
                 for t in items for i in range(len(pool)) for msgs in [role_messages(Role.WORKER, t, ())]]
     t0 = time.monotonic()
     replies = asyncio.run(pool.complete_many(requests))

@@ -1,6 +1,6 @@
 """P-bench: concurrent vs sequential calls through the OpenAI-compatible pool backend.
 
-100 chat requests to a loopback fake endpoint (real HTTP, tests/fake_openai_server.py, run as its own
+100 chat requests to a loopback fake endpoint (real HTTP, tests/fixtures/fake_openai_server.py, run as its own
 process like any real endpoint, so its threads do not compete for the client's GIL) that answers
 after 50 ms. Sequential = one `await model.chat(...)` after another (max_concurrency=1); concurrent =
 all 100 gathered through a model with max_concurrency=50 under a global limit of 50. Both sides use
@@ -51,11 +51,11 @@ async def _run_concurrent(model: OpenAICompatibleChatModel, n: int) -> tuple[flo
 
 
 class _ServerProcess:
-    """tests/fake_openai_server.py in a child process; counters over its /_fake/ routes."""
+    """tests/fixtures/fake_openai_server.py in a child process; counters over its /_fake/ routes."""
 
     def __init__(self, latency_s: float) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "fake_openai_server.py"), "--latency", str(latency_s)],
+            [sys.executable, str(ROOT / "tests" / "fixtures" / "fake_openai_server.py"), "--latency", str(latency_s)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line.startswith("PORT "):
@@ -123,7 +123,7 @@ async def _bench(args: argparse.Namespace, srv: _ServerProcess) -> dict:
             "speedups": speedups,
             "server_max_in_flight": max_in_flight,
             "totals": {"sequential": seq.totals.__dict__, "concurrent": conc.totals.__dict__},
-            "transport": type(conc._client._client).__name__,
+            "transport": type(conc.client._sdk._client).__name__,
         }
     finally:
         await seq.aclose()

@@ -16,12 +16,12 @@ generation keeps in flight), a new one as soon as one returns, through
       its OpenAI-compatible /v1/chat/completions (/v1/completions with the member's rendered prompt and stop string
       for a completion-style member) with the same messages and sampling (top_k 40 and min_p 0.05 sent explicitly:
       llama-cpp-python's defaults) — the pool's own request bodies (`trinity.pool.llama_server.server_request`) —,
-      sent by plain aiohttp rather than the pool's OpenAI-compatible client, which drops the replies' `timings`.
+      sent by plain aiohttp rather than the pool's HTTP client (`EndpointClient`), which drops the replies' `timings`.
       The server is the pool's `ServerProcess` with this bench's -t/-c; it is stopped at the end, also on an error
       or SIGTERM, and dies with this process (PR_SET_PDEATHSIG) if it is killed.
   (c) the pool's own path since issue 26: the member as the pipeline runs it (`pool.local_engine: llama-server`,
       trinity.pool.llama_server.LlamaServerChatModel: its server started by the member, --concurrency slots, every
-      core's threads, called through the OpenAI-compatible member). (b) and (c) differ only in the client; (b)
+      core's threads, called through the pool's HTTP client). (b) and (c) differ only in the client; (b)
       gives the server's per-reply timings, which the pool does not keep.
 
 The three sides run one after the other in the same run (a server is started only after the side before it is
@@ -139,7 +139,7 @@ def perf_counters(llm) -> dict:
 
 
 def run_inprocess(model: LocalChatModel, requests: list[Request], concurrency: int) -> tuple[list[Result], float, dict]:
-    llm, _ = load_llama(model.path, model.member.n_ctx, model.member.n_threads)  # load before the clock starts
+    llm, _ = load_llama(model.gguf.path, model.member.n_ctx, model.member.n_threads)  # load before the clock starts
     model.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
     before = perf_counters(llm)
 
@@ -163,7 +163,7 @@ def run_server(server: ServerProcess, model: LocalChatModel, requests: list[Requ
         async with aiohttp.ClientSession(timeout=timeout,
                                          connector=aiohttp.TCPConnector(limit=concurrency + 2)) as http:
             async def call(r: Request) -> Result:
-                route, body = server_request(model, r.messages, r.sampling)
+                route, body = server_request(model.name, model.gguf, r.messages, r.sampling)
                 async with http.post(server.base_url + route, json=body) as resp:
                     raw = await resp.text()
                 try:
@@ -173,7 +173,7 @@ def run_server(server: ServerProcess, model: LocalChatModel, requests: list[Requ
                 if resp.status != 200 or not isinstance(data, dict) or not data.get("choices"):
                     return Result("", False, f"http {resp.status}: {raw[:300]}", 0, 0, 0.0)
                 choice = data["choices"][0]
-                text = choice["text"] if model.completion_style else (choice["message"].get("content") or "")
+                text = choice["text"] if model.gguf.completion_style else (choice["message"].get("content") or "")
                 usage = data.get("usage") or {}
                 return Result(text, bool(text.strip()), None, int(usage.get("prompt_tokens", 0)),
                               int(usage.get("completion_tokens", 0)), 0.0, data.get("timings"))
@@ -256,7 +256,7 @@ def main() -> int:
     print(f"[pool_throughput] (a) in-process: {json.dumps(a)}", file=sys.stderr, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="trinity-bench-llama-server-") as tmp:
-        spec = ServerSpec(binary=str(server_bin), gguf=str(model.path), ctx_per_slot=args.ctx_per_slot,
+        spec = ServerSpec(binary=str(server_bin), gguf=str(model.gguf.path), ctx_per_slot=args.ctx_per_slot,
                           slots=args.concurrency, threads=args.threads, cache_reuse=args.cache_reuse)
         server = ServerProcess(spec, Path(tmp)).start()
         try:
@@ -291,7 +291,7 @@ def main() -> int:
                        f"one sequence at a time) on the same {len(requests)} stored requests of {args.member}, "
                        f"same concurrency, same run; (b) the bare server in detail",
         "detail": {
-            "member": args.member, "model_id": model.model_id, "gguf": model.path.name,
+            "member": args.member, "model_id": model.model_id, "gguf": model.gguf.path.name,
             "requests": len(requests), "concurrency": args.concurrency,
             "roles": {r: sum(q.role == r for q in requests) for r in sorted({q.role for q in requests})},
             "tok_per_s_speedup": round(tps_speedup, 3) if tps_speedup else None,

@@ -10,7 +10,7 @@
    p50 wall time from step 1 (goal: <= 5 %).
 
 Pool: the params file's (default: the embedded pool and data/checkpoints, which must exist: `dvc repro` or
-`trinity stage evolve`), or with `--fake-latency S` two members served by tests/fake_openai_server.py answering
+`trinity stage evolve`), or with `--fake-latency S` two members served by tests/fixtures/fake_openai_server.py answering
 after S seconds (a checkpoint with a zero head is written for them). The store is a fresh temporary file unless
 `--store` names one. Prints one JSON line last (the bench format).
 
@@ -89,18 +89,20 @@ class Child:
 
 
 def fake_pool(tmp: Path, latency_s: float, encoder_dim: int) -> tuple[Child, Path, Path]:
-    """tests/fake_openai_server.py as two pool members, their params file and a zero-head checkpoint."""
+    """tests/fixtures/fake_openai_server.py as two pool members, their params file and a zero-head checkpoint."""
+    from trinity.coordinator.checkpoint_meta import CheckpointMeta
     from trinity.coordinator.policy import save_checkpoint
 
-    fake = Child([sys.executable, str(ROOT / "tests" / "fake_openai_server.py"), "--latency", str(latency_s)],
-                 r"PORT (\d+)", 30, stdin=True)
+    fake_server = ROOT / "tests" / "fixtures" / "fake_openai_server.py"
+    fake = Child([sys.executable, str(fake_server), "--latency", str(latency_s)], r"PORT (\d+)", 30, stdin=True)
     url = f"http://127.0.0.1:{fake.value}/v1"
     members = "\n".join(f"    - {{name: {n}, backend: openai, model: {n}, base_url: '{url}', max_retries: 0, "
                         f"max_concurrency: 16}}" for n in ("fake-a", "fake-b"))
     params = tmp / "params.yaml"
     params.write_text(f"pool:\n  max_concurrency: 32\n  members:\n{members}\n")
     ckpt = tmp / "checkpoints" / "coordinator"
-    save_checkpoint(ckpt, np.zeros((2 + 3) * encoder_dim), {"pool": [{"name": "fake-a"}, {"name": "fake-b"}]})
+    save_checkpoint(ckpt, np.zeros((2 + 3) * encoder_dim),
+                    CheckpointMeta.model_validate({"pool": [{"name": "fake-a"}, {"name": "fake-b"}]}))
     return fake, params, ckpt.parent
 
 

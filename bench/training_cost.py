@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     from trinity.grading import grade, preflight
     from trinity.pool.runtime import build_pool
     from trinity.pool.llama_server import with_thread_budget
-    from trinity.coordinator.policy import make_encoder, role_caps
+    from trinity.coordinator.policy import make_encoder
     from trinity.store import Store
 
     base = load_settings(a.params)
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         store_path = a.store or Path(tmp) / "store.duckdb"
         fresh = not store_path.exists()
         with Store(store_path) as store:
-            pool = build_pool(settings.pool, store, role_caps(settings))
+            pool = build_pool(settings.pool, store)  # the training loop asks each role's caps of settings
             pool.complete_many = pool_s.wrap(pool.complete_many)
             states = StateCache(encoder, store)
             marks = {"pool": 0.0, "encode": 0.0, "grade": 0.0}

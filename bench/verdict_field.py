@@ -33,7 +33,7 @@ from trinity.machine import commit, cpu_kind
 
 DEFAULT_STORE = Path("/tmp/trinity-bench/verdict_field.duckdb")
 FREE_TEXT_ROLE = "verifier-free-text"
-"""The role name variant (b) is asked under: the Verifier's token cap, no output format (Pool.sampling gives one
+"""The role name variant (b) is asked under: the Verifier's token cap, no output format (`RoleSampling` gives one
 only to "verifier"), so its requests have their own store keys."""
 VARIANTS = {"constrained": "verifier", "free_text": FREE_TEXT_ROLE}
 
@@ -53,14 +53,16 @@ def measure(settings, items, store, worker: str) -> tuple[list[dict], list[dict]
     """(Worker rows, Verifier rows: one per (member, item, variant), pool stats)."""
     from trinity.coordinator.roles import Role, role_messages, turn_of
     from trinity.verdict import parse_verdict
-    from trinity.pool.runtime import Request, build_pool
+    from trinity.coordinator.role_sampling import RoleSampling
+    from trinity.pool.runtime import build_pool
 
     cap = settings.coordinator.verifier_max_tokens
-    caps = {"thinker": settings.coordinator.thinker_max_tokens, "verifier": cap, FREE_TEXT_ROLE: cap}
-    pool = build_pool(settings.pool, store, caps)
+    roles = RoleSampling.capped({"thinker": settings.coordinator.thinker_max_tokens, "verifier": cap,
+                                 FREE_TEXT_ROLE: cap})
+    pool = build_pool(settings.pool, store)
     w = pool.names.index(worker)
     asks = [role_messages(Role.WORKER, t, ()) for t in items]
-    answers = asyncio.run(pool.complete_many([Request(w, "worker", pool.key(w, m, "worker"), m) for m in asks]))
+    answers = asyncio.run(pool.complete_many([roles.request(pool, w, m, Role.WORKER) for m in asks]))
     worker_turns = [turn_of(worker, Role.WORKER, r) for r in answers]
     worker_rows = [{"item": t.id, "ok": r.ok, "completion_tokens": r.completion_tokens, "text": r.text}
                    for t, r in zip(items, answers)]
@@ -69,7 +71,7 @@ def measure(settings, items, store, worker: str) -> tuple[list[dict], list[dict]
         msgs = role_messages(Role.VERIFIER, t, (turn,))
         for i in range(len(pool)):
             for variant, role in VARIANTS.items():  # interleaved: both sides of the comparison in one batch
-                requests.append(Request(i, role, pool.key(i, msgs, role), msgs))
+                requests.append(roles.request(pool, i, msgs, role))
                 meta.append((t.id, pool.names[i], variant))
     replies = asyncio.run(pool.complete_many(requests))
     rows = []

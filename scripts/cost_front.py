@@ -106,7 +106,7 @@ def evaluate_weight(settings, paths, tasks, w: float) -> dict:
     trained = policy.Policy.load(out_dir / "coordinator")
     encoder = policy.make_encoder(s)
     with Store(paths.store) as store:
-        pool = build_pool(s.pool, store, policy.role_caps(s))
+        pool = build_pool(s.pool, store)  # evaluate asks each role's caps of s (RoleSampling.of)
         run = evaluate(s, trained.params, tasks, pool, trained.states(encoder, store), grade, methods=["trinity"])
     results = EvalResults.from_dict(summarise(run, resamples=200, seed=0))
     out = {"weight": w, "identity": identity, "training": training,

@@ -25,7 +25,7 @@ A pure refactor (same behaviour, different code) can be declared compatible on p
 
 with a comment saying what was refactored. The declared version is then used in its place (chains are
 followed), so the runs of the old code resume. Declaring a behaviour change compatible is a lie the
-results will carry: the test suite's pinned episodes (tests/test_episode_pinned.py) are the check.
+results will carry: the test suite's pinned episodes (tests/unit/test_episode_pinned.py) are the check.
 """
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ RUNTIME_ONLY: dict[str, str] = {
     "__init__.py": "process settings (OpenMP wait policy) and the package version: timing, not numbers",
     "code_version.py": "this hasher: COMPATIBLE_REFACTORS is declared here, so hashing it would change the "
                        "version a declaration names",
-    "evolve/engine.py": "where never-seen nodes are expanded (threads or Dask workers): the same requests, the "
-                        "same replies (tests/test_dask_cluster.py compares the two)",
+    "pool/task_runner.py": "where never-seen requests are expanded (threads or Dask workers): the same requests, "
+                           "the same replies (tests/integration/test_dask_cluster.py compares the two)",
     "redact.py": "removes secrets from error texts and logs; never touches a request, a reply or a score",
 }
 """Modules a stage imports that are shown not to shape results: {file relative to the package: why}. Keep it
@@ -57,23 +57,24 @@ COMPATIBLE_REFACTORS: dict[str, str] = {
     # issue 28 (e.g. 3ade4a1, 6ca2b53, 8259144): Pool.answers_capped added (serving's max_tokens; no stage calls it),
     # config.RUNTIME_ONLY_SETTINGS added (a constant for dvc.yaml's params), and the stages' W&B lineage calls
     # reworked (exact artifact versions; W&B only). No request, reply, key or score changes
-    # (tests/test_episode_pinned.py).
+    # (tests/unit/test_episode_pinned.py).
     "7ecaa2c28cd37518": "b946c7714f1e17d7",
     # issue 28: the stages' metrics files moved to reports/metrics/<stage>.json (git, not DVC's cache), the store's
     # path may be named explicitly (TRINITY_STORE), and W&B runs record the keys they log (trinity_run.json). Where
-    # files are written and what W&B is told; no request, reply, key or score changes (tests/test_episode_pinned.py).
+    # files are written and what W&B is told; no request, reply, key or score changes
+    # (tests/unit/test_episode_pinned.py).
     "062965d3942e7278": "b946c7714f1e17d7",
     # issue 38's review: evolve/validation.py calls episode.is_outage instead of repeating its test, and best_member
     # lets max() keep the first of equals instead of a tie-break key. Same members, scores and selection.
     "9c904284a558f86b": "886d9a3c298f7182",
     # issue 39: the store's writes share one transaction helper so a failed COMMIT (a full disk) raises its own
     # error instead of the ROLLBACK's "no transaction is active", and a state segment whose index rows could not
-    # commit is removed. What a successful write stores, and every key, are unchanged (tests/test_store.py).
+    # commit is removed. What a successful write stores, and every key, are unchanged (tests/integration/test_store.py).
     "d6f0659fdbaee48e": "9c904284a558f86b",
     # issue 39: llama.cpp compiled once. A llama-server member's key names the server's build from the record beside
     # the binary ("0.3.36", what the binding's version said before) instead of the binding's version, and the
     # in-process engine is refused up front when the binding is not installed. Every key of a built server is
-    # unchanged (tests/test_pool_llama_server.py), and so is every request and reply.
+    # unchanged (tests/integration/test_pool_llama_server.py), and so is every request and reply.
     "f431cf20e9fa3c3d": "d6f0659fdbaee48e",
     # issue 40 (structure round two): modules moved and split, nothing rewritten — the pool's member kinds in one
     # table (pool/members.py, with the pool's checks), the sandbox's limits apart from its runners, the training
@@ -84,6 +85,13 @@ COMPATIBLE_REFACTORS: dict[str, str] = {
     # issue 40: the verdict defined once (trinity/verdict.py: its values, parser, grammar and JSON schema, moved
     # verbatim from roles.py, local.py and openai_wire.py; the grammar text and schema are the same strings).
     "e564999f6df6571c": "8966bb3dea58f922",
+    # issue 40, the call path and the rollout tree: the pool knows no role names (coordinator/role_sampling.py asks
+    # it for a cap and an output format; the same SamplingParams, so the same keys); the llama-server member holds
+    # an HTTP client (pool/openai_client.py) instead of subclassing the OpenAI member; the executor moved into
+    # pool/ (task_runner.py, `pool.task_runner`, runtime-only); the step rule of an episode in coordinator/rollout.py
+    # (play_episodes asks it what a pick may be and when an episode ends; the same draws); the checkpoint's metadata
+    # a typed record (the same JSON). Every key, request body and pinned episode compared old vs new; replayed.
+    "cec286eeeace55cf": "e564999f6df6571c",
 }
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
 
@@ -172,8 +180,8 @@ def _module_name(package: Path, f: Path) -> str:
 def imported_files(package: Path = PACKAGE, entries: Iterable[str] = ENTRY_POINTS,
                    stop: Iterable[str] = ()) -> list[Path]:
     """Every file of `package` the entry points can run (see the module doc), exempt ones included. `stop`: files
-    (relative to the package) neither included nor followed (tests/test_results_integrity.py's DVC-deps check
-    leaves W&B logging out this way)."""
+    (relative to the package) neither included nor followed (tests/integration/test_results_integrity.py's DVC-deps
+    check leaves W&B logging out this way)."""
     stopped = {package / rel for rel in stop}
     roots: dict[str, set[str] | None] = {}
     for e in entries:

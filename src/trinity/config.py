@@ -123,8 +123,19 @@ class PoolMember(_Section):
         return self
 
 
-RUNTIME_ONLY_SETTINGS = frozenset({"pool.max_concurrency", "evolve.task_runner", "evolve.dask_workers",
-                          "evolve.dask_threads_per_worker", "evolve.dask_address"})
+_DASK_ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([1-9][0-9]{0,4})")
+"""A Dask scheduler address: protocol, host (a name, IPv4, or [IPv6]) and port."""
+
+
+EXECUTION_SETTINGS = ("task_runner", "dask_workers", "dask_threads_per_worker", "dask_address")
+"""The pool's settings of where its never-seen requests run (`trinity.pool.task_runner`). No part of a run's
+identity: left out of the params hash (so of run ids) and of the resume fingerprint."""
+
+MOVED_TO_POOL = EXECUTION_SETTINGS
+"""evolve.* keys of earlier versions that are pool.* keys now: a params file still naming them fails with a
+message saying where they went."""
+
+RUNTIME_ONLY_SETTINGS = frozenset({"pool.max_concurrency", *(f"pool.{k}" for k in EXECUTION_SETTINGS)})
 """Settings that change how a stage runs (how many calls in flight, where never-seen nodes are expanded), never
 what it computes: no DVC stage lists them as params (dvc.yaml lists every other key of the sections it reads), so
 changing one leaves `dvc status` clean."""
@@ -136,6 +147,21 @@ class PoolSettings(_Section):
     """Global cap on in-flight calls across the whole pool."""
     local_engine: Literal["llama-server", "in-process"] = "llama-server"
     """The engine of every local member that does not name its own (`PoolMember.engine`)."""
+    task_runner: Literal["threads", "dask"] = "threads"
+    """Where never-seen requests are expanded (a step's calls no stored reply answers) when the stage is
+    orchestrated by Prefect: its ThreadPoolTaskRunner, or prefect-dask's DaskTaskRunner on a LocalCluster of
+    worker processes (`trinity.pool.task_runner`; the evolve, router and evaluate stages' pools). Runtime only:
+    it never changes results."""
+    dask_workers: int = 2
+    """LocalCluster worker processes (each loads the local models it is asked for once)."""
+    dask_threads_per_worker: int = 1
+    dask_address: str = ""
+    """The scheduler of an existing Dask cluster (e.g. "tcp://127.0.0.1:8786") for task_runner: dask; empty = a
+    LocalCluster of `dask_workers` started for the run (then dask_workers / dask_threads_per_worker apply; with an
+    address, the cluster's own workers do). Its workers must run this checkout's code: the same environment (venv
+    or install) as this process (docs/operations.md, "Dask: a pool on an existing cluster"). Runtime only, like
+    the three above (`EXECUTION_SETTINGS`): where calls run is no part of a run's identity (resume fingerprint,
+    params hash, run id), so one run may move between clusters."""
 
     @model_validator(mode="before")
     @classmethod
@@ -154,6 +180,20 @@ class PoolSettings(_Section):
                     m = {"max_concurrency": slots, **m}
             members.append(m)
         return {**data, "members": members}
+
+    @model_validator(mode="after")
+    def _check_execution(self):
+        for k in ("dask_workers", "dask_threads_per_worker"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"pool.{k} must be >= 1, got {getattr(self, k)}")
+        m = _DASK_ADDRESS.fullmatch(self.dask_address)
+        if self.dask_address and (m is None or int(m.group(3)) > 65535):
+            raise ValueError(f"pool.dask_address must be a scheduler address like 'tcp://127.0.0.1:8786' "
+                             f"(tcp:// or tls://, a host and a port), got {self.dask_address!r}")
+        if self.dask_address and self.task_runner != "dask":
+            raise ValueError(f"pool.dask_address is set ({self.dask_address!r}) but pool.task_runner is "
+                             f"{self.task_runner!r}: set task_runner: dask to use the cluster, or clear the address")
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self):
@@ -230,10 +270,6 @@ class RewardSettings(_Section):
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
-_DASK_ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([1-9][0-9]{0,4})")
-"""A Dask scheduler address: protocol, host (a name, IPv4, or [IPv6]) and port."""
-
-
 class EvolveSettings(_Section):
     method: Literal["sep_cma", "reinforce", "random_search"] = "sep_cma"
     """The optimiser: sep-CMA-ES (the paper's), or one of the baselines of its ablation, which play the same
@@ -258,20 +294,16 @@ class EvolveSettings(_Section):
     """Where the optimiser starts: "none" = the zero head (uniform picks); "best_member" = a head whose argmax
     policy is the best pool member on validation, as Worker (`trinity.evolve.validation.warm_start_head`; needs
     data.validation)."""
-    task_runner: Literal["threads", "dask"] = "threads"
-    """Where never-seen nodes are expanded (the pool calls of one turn across the whole population) when
-    the run is orchestrated by Prefect: its ThreadPoolTaskRunner, or prefect-dask's DaskTaskRunner on a
-    LocalCluster of worker processes. Runtime only: it never changes results."""
-    dask_workers: int = 2
-    """LocalCluster worker processes (each loads the local models it is asked for once)."""
-    dask_threads_per_worker: int = 1
-    dask_address: str = Field("", exclude=True)
-    """The scheduler of an existing Dask cluster (e.g. "tcp://127.0.0.1:8786") for task_runner: dask; empty = a
-    LocalCluster of `dask_workers` started for the run (then dask_workers / dask_threads_per_worker apply; with an
-    address, the cluster's own workers do). Its workers must run this checkout's code: the same environment (venv
-    or install) as this process (docs/operations.md, "Dask: evolve on an existing cluster"). Runtime only, and left out of
-    every dump (`exclude`): where calls run is no part of a run's identity (resume fingerprint, params hash,
-    run id), so one run may move between clusters."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_to_pool(cls, data):
+        """Where never-seen nodes are expanded is the pool's setting now (every stage's pool uses it)."""
+        moved = sorted(k for k in MOVED_TO_POOL if isinstance(data, dict) and k in data)
+        if moved:
+            raise ValueError(f"{', '.join('evolve.' + k for k in moved)} moved to the pool section: write "
+                             f"{', '.join('pool.' + k for k in moved)} (every stage's pool expands its calls there)")
+        return data
 
     @field_validator("sigma0", "reinforce_lr", mode="before")
     @classmethod
@@ -284,18 +316,11 @@ class EvolveSettings(_Section):
             raise ValueError(f"evolve.generations must be >= 0, got {self.generations}")
         if self.saved_fitness_tasks is not None and self.saved_fitness_tasks < 1:
             raise ValueError(f"evolve.saved_fitness_tasks must be >= 1 (or null), got {self.saved_fitness_tasks}")
-        for k in ("episodes_per_candidate", "dask_workers", "dask_threads_per_worker", "saved_fitness_samples"):
+        for k in ("episodes_per_candidate", "saved_fitness_samples"):
             if getattr(self, k) < 1:
                 raise ValueError(f"evolve.{k} must be >= 1, got {getattr(self, k)}")
         if self.popsize is not None and self.popsize < 2:
             raise ValueError(f"evolve.popsize must be >= 2 (or null), got {self.popsize}")
-        m = _DASK_ADDRESS.fullmatch(self.dask_address)
-        if self.dask_address and (m is None or int(m.group(3)) > 65535):
-            raise ValueError(f"evolve.dask_address must be a scheduler address like 'tcp://127.0.0.1:8786' "
-                             f"(tcp:// or tls://, a host and a port), got {self.dask_address!r}")
-        if self.dask_address and self.task_runner != "dask":
-            raise ValueError(f"evolve.dask_address is set ({self.dask_address!r}) but evolve.task_runner is "
-                             f"{self.task_runner!r}: set task_runner: dask to use the cluster, or clear the address")
         return self
 
 
@@ -346,7 +371,8 @@ class Settings(_Section):
         return stable_hash({s: getattr(self, s).model_dump() for s in sections})
 
     def params_hash(self) -> str:
-        return stable_hash(self.model_dump(exclude={"source_path"}))
+        """The settings' identity: every key but where the pool's calls run (`EXECUTION_SETTINGS`)."""
+        return stable_hash(self.model_dump(exclude={"source_path": True, "pool": set(EXECUTION_SETTINGS)}))
 
 
 def load_settings(path: str | os.PathLike = "params.yaml") -> Settings:

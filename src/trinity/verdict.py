@@ -2,7 +2,8 @@
 ACCEPT`, or the "verdict" member of a JSON object) and how it is read (`parse_verdict`), and how each kind of member
 is held to that shape when a request's `SamplingParams.output_format` is `VERDICT_FORMAT`: local members decode under
 a GBNF grammar (`verdict_grammar`), API members get a JSON schema as structured output (`VERDICT_RESPONSE_FORMAT`).
-What the Verifier is asked is its role prompt (`trinity.coordinator.roles`)."""
+What the Verifier is asked is its role prompt (`trinity.coordinator.roles`); that its request asks for this format is
+the coordinator's role table (`trinity.coordinator.role_sampling`)."""
 from __future__ import annotations
 
 import json

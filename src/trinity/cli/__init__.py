@@ -1,5 +1,5 @@
-"""The `trinity` command (`main`) and its commands: ask, trace, serve, stage, report, export, check-graders; `trinity
-store` is in store.py, what they share (exit codes, options, failing in one line) in common.py."""
+"""The `trinity` command (`main`) and its commands: ask, trace, serve, stage, report, export, diagnose, check-graders;
+`trinity store` is in store.py, what they share (exit codes, options, failing in one line) in common.py."""
 from __future__ import annotations
 
 import json
@@ -199,7 +199,7 @@ def stage(
     root: RootOpt = Path("."),
     retry_failures: RetryOpt = False,
 ) -> None:
-    """Run one pipeline stage without W&B (and without Prefect, unless evolve.task_runner is 'dask'); prints its
+    """Run one pipeline stage without W&B (and without Prefect, unless pool.task_runner is 'dask'); prints its
     summary as JSON."""
     from trinity.stages import paths as stage_paths, run_stage
     from trinity.config import ConfigError, load_settings
@@ -294,6 +294,29 @@ def export(
         written = export_parquet(st, dest)
     for table, path in written.items():
         print(f"{table}: {path}")
+
+
+@app.command()
+def diagnose(
+    heads: Annotated[int, typer.Option(help="random candidates drawn around the CMA mean (Q4)")] = 200,
+    grade: Annotated[bool, typer.Option("--grade/--no-grade", help="grade unlabelled math/choice answers (the ones "
+                                                                   "no run graded)")] = True,
+    root: RootOpt = Path("."),
+) -> None:
+    """Diagnose a finished pipeline run from its files alone (ROOT/params.yaml and data/: checkpoint, store,
+    prepared tasks, root states, eval episodes, evolve history and optimiser state): Q1 why episodes end where they
+    do, Q2 hidden-state geometry, Q3 the saved head's exact expected accuracy and reward, Q4 fitness signal vs noise,
+    Q5 other checks. Read-only (the store is opened read-only); no LLM call, no encoder load. Run it at the commit
+    that produced the run: the trees are rebuilt with this checkout's prompts and keys (`trinity.diagnosis`)."""
+    from trinity.diagnosis import diagnose as print_diagnosis
+    from trinity.stages.paths import Paths
+
+    root = root.resolve()
+    p = Paths(root)
+    for needed in (p.store, p.checkpoint.with_suffix(".json")):
+        if not needed.is_file():
+            fail(f"no finished run under {root}: {needed} is missing", EXIT_NOT_FOUND)
+    print_diagnosis(root, heads, grade_unlabelled=grade)
 
 
 @app.command("check-graders", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,

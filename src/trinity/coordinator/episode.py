@@ -9,10 +9,11 @@ Many episodes (a whole CMA-ES population x a minibatch of tasks) are played toge
              (model, role) drawn from them with the episode's own generator (`Generator.choice`, model first,
              then role) or their argmax; a Thinker's suggested role overrides the drawn role. A Verifier is
              not an available action while there is no answer to verify (masked like a role the coordinator
-             may not pick): no episode can end before an answer;
+             may not pick): no episode can end before an answer (masks and overrides: `rollout.StepRule`);
 3. call    — every request of the turn in one `pool.complete_many` (stored or shared requests cost no call);
 4. parse   — each reply becomes a `Turn` (`roles.turn_of`); an ACCEPT or `max_turns` ends the episode (and, under
-             the answer rule "first", the first answer: nothing after it could change what is returned);
+             the answer rule "first", the first answer: nothing after it could change what is returned;
+             `rollout.StepRule.ending`, the rule the diagnosis's exact path enumerator follows too);
 5. grade   — the episode's answer (`roles.returned_answer` under `coordinator.answer_rule`), once it has ended;
 6. reward  — `shaped_reward`: correctness (the paper's binary objective, the default) + the optional diversity
              bonus − turn penalty − cost (`reward.*`, all 0 by default).
@@ -39,8 +40,9 @@ import numpy as np
 
 from trinity.config import RewardSettings
 from trinity.coordinator.head import softmax
-from trinity.coordinator.roles import (ROLES, Role, Turn, coordinator_text, forced_role,
-                                      is_answer, latest_answer, returned_answer, role_messages, turn_of)
+from trinity.coordinator.role_sampling import RoleSampling
+from trinity.coordinator.roles import ROLES, Role, Turn, coordinator_text, returned_answer, role_messages, turn_of
+from trinity.coordinator.rollout import StepRule, is_outage
 from trinity.pool.runtime import Request
 from trinity.records import Task, stable_hash
 from trinity.store import REPLAY_ENV, ReplayMiss, Store, replay_only, text_key
@@ -50,11 +52,6 @@ class OutageError(RuntimeError):
     """A stage left work unscored because pool calls failed transiently (an outage: 429, 5xx, timeout...).
     Nothing computed is lost: every reply is in the store, and outages never are, so a rerun asks only the failed
     calls again. A RuntimeError, not bad input: the LLM-bound stage tasks retry it (`trinity.ops.stage_flow`)."""
-
-
-def is_outage(turn: Turn) -> bool:
-    """Whether a turn is an outage: a call that failed for the provider's reasons, not the request's."""
-    return turn.failure == "transient"
 
 
 class StateCache:
@@ -153,7 +150,6 @@ class Episode:
     None → the argmax policy."""
     turns: tuple[Turn, ...] = ()
     picks: list[tuple[int, Role]] = field(default_factory=list)
-    forced_role: Role | None = None
     answer_rule: str = "latest"
     """Which Worker answer the episode returns (`roles.returned_answer`); `play_episodes` sets it from its caller's
     `coordinator.answer_rule`."""
@@ -250,19 +246,20 @@ class RolloutTrees:
         self._grades: dict[tuple, float] = {}
         self._pool_signature = None
 
-    def bind(self, pool) -> None:
-        sig = pool.signature() if hasattr(pool, "signature") else id(pool)
+    def bind(self, pool, role_sampling: RoleSampling) -> None:
+        sig = role_sampling.signature(pool) if hasattr(pool, "signature") else id(pool)
         if sig != self._pool_signature:
             self._requests.clear()
             self._pool_signature = sig
 
-    def request(self, pool, task: Task, turns: tuple[Turn, ...], model: int, role: Role) -> Request:
-        """What member `model` is asked in `role` after `turns`: `roles.role_messages` under its store key."""
-        k = (task, turns, model, role)
+    def request(self, pool, role_sampling: RoleSampling, task: Task, turns: tuple[Turn, ...], model: int,
+                role: Role) -> Request:
+        """What member `model` is asked in `role` after `turns`: `roles.role_messages` under its store key, with
+        the role's sampling (`role_sampling`)."""
+        k = (task, turns, model, role, role_sampling)
         r = self._requests.get(k)
         if r is None:
-            messages = role_messages(role, task, turns)
-            r = self._requests[k] = Request(model, role.value, pool.key(model, messages, role.value), messages)
+            r = self._requests[k] = role_sampling.request(pool, model, role_messages(role, task, turns), role)
         return r
 
     def grade(self, grade: Callable[[Task, str], float], task: Task, answer: str) -> float:
@@ -289,7 +286,8 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
                         max_turns: int, reward: RewardSettings, grade: Callable[[Task, str], float], *,
                         adapters: Sequence[np.ndarray] | None = None, trees: RolloutTrees | None = None,
                         keep_features: bool = False, stop_on_outage: bool = False,
-                        roles: Sequence[Role] = ROLES, answer_rule: str = "latest") -> None:
+                        roles: Sequence[Role] = ROLES, answer_rule: str = "latest",
+                        role_sampling: RoleSampling = RoleSampling()) -> None:
     """Play every episode to the end, in place. `heads[c]` is the (L+3) x d matrix of candidate c.
 
     adapters: SVF scales per candidate (`adapters[c]`); each candidate's transcripts are then encoded with
@@ -303,14 +301,13 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
         Verifier is also masked while an episode has no answer (nothing to verify), so Worker must be among them.
     answer_rule: which Worker answer each episode returns (`roles.returned_answer`); the stages pass
         `coordinator.answer_rule`.
+    role_sampling: what each role asks of a member (its token cap and output format); the stages pass
+        `RoleSampling.of(settings)`. The default caps no role.
     """
     n_models = len(pool)
-    allowed = np.array([r in roles for r in ROLES])
-    if Role.WORKER not in roles:
-        raise ValueError(f"play_episodes: roles {[r.value for r in roles]} lack worker: no episode could answer")
-    verifier = ROLES.index(Role.VERIFIER)
+    rule = StepRule(max_turns, tuple(roles), answer_rule, stop_on_outage)  # what a turn may do, when it ends
     memo = RolloutTrees() if trees is None else trees
-    memo.bind(pool)
+    memo.bind(pool, role_sampling)
     for e in episodes:
         e.answer_rule = answer_rule
     active = [e for e in episodes if not e.done]
@@ -334,24 +331,22 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
         Z = np.empty((len(active), n_models + 3))
         for c, ix in by_candidate.items():
             Z[ix] = H64[ix] @ np.asarray(heads[c], dtype=np.float64).T
-        role_allowed = np.tile(allowed, (len(active), 1))
-        role_allowed[[latest_answer(e.turns) is None for e in active], verifier] = False  # nothing to verify yet
+        role_allowed = np.stack([rule.role_mask(e.turns) for e in active])  # no Verifier before an answer
         P_model, P_role = softmax(Z[:, :n_models]), softmax(np.where(role_allowed, Z[:, n_models:], -np.inf))
         requests, asked = [], []
         for i, e in enumerate(active):
             m, r = pick(e.rng, P_model[i], P_role[i])
             role = ROLES[r]
-            if e.forced_role is not None and e.forced_role not in roles:
-                e.forced_role = None  # a suggestion of a role this coordinator may not pick
-            forced = e.forced_role is not None
+            suggested = rule.forced_role(e.turns)
+            forced = suggested is not None
             if forced:  # the Thinker's suggested_role overrides the head's role pick
-                role, e.forced_role = e.forced_role, None
+                role = suggested
             e.picks.append((m, role))
             if keep_features:
                 e.features.append(H[i])
                 e.forced.append(forced)
                 e.role_allowed.append(role_allowed[i])
-            requests.append(memo.request(pool, e.task, e.turns, m, role))
+            requests.append(memo.request(pool, role_sampling, e.task, e.turns, m, role))
             asked.append((e, m, role))
 
         # 3. call: the whole turn's requests at once (stored or repeated ones cost no call)
@@ -364,13 +359,7 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
             e.cost_usd += resp.cost_usd
             if is_outage(turn):
                 e.outage = True
-                if stop_on_outage:
-                    e.done = True
-                    continue
-            if turn.role is Role.THINKER:
-                e.forced_role = forced_role(turn, latest_answer(e.turns))
-            if ((turn.role is Role.VERIFIER and turn.verdict == "ACCEPT") or len(e.turns) >= max_turns
-                    or (answer_rule == "first" and is_answer(turn))):  # no later turn could change the answer
+            if rule.ending(e.turns) is not None:
                 e.done = True
         active = [e for e in active if not e.done]
 

@@ -79,8 +79,3 @@ def fit_feature_map(norm: str, states, tasks: Sequence) -> FeatureMap | None:
 def features_json(fmap: FeatureMap | None) -> dict:
     return {"norm": "none"} if fmap is None else fmap.to_json()
 
-
-def checkpoint_features(meta: dict) -> FeatureMap | None:
-    """The feature map a checkpoint's head was trained on (None: raw states; also for checkpoints from before
-    feature maps existed)."""
-    return FeatureMap.from_json(meta.get("features"))

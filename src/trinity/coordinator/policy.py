@@ -6,7 +6,7 @@ benches all go through it.
 A checkpoint is two files with one stem (data/checkpoints/coordinator):
 - `<stem>.npy`: the flat parameter vector the optimiser evolved (float64, `np.save`), laid out as
   `ParamLayout`: [δ (SVF scales of one encoder block)…, head W…], δ only when `coordinator.svf_layer` is set;
-- `<stem>.json`: what it was trained with (written by the evolve stage): the pool (member names in order, model
+- `<stem>.json`: what it was trained with (written by the evolve stage; a typed record, `CheckpointMeta`): the pool (member names in order, model
   ids), the encoder id (base, δ = 0), `svf_layer`, the feature map (`features`: none, or a standardising map's
   mean and scale: `coordinator.features`), the head shape, the run fingerprint, code version and fitness.
 Each file is written whole or not at all (`trinity.files`), the parameters first.
@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from trinity.config import Settings
-from trinity.coordinator.features import FeatureMap, checkpoint_features
+from trinity.coordinator.checkpoint_meta import CheckpointMeta
+from trinity.coordinator.features import FeatureMap
 from trinity.coordinator.head import HeadShape, ParamLayout
 from trinity.files import atomic_open, write_text
 
@@ -41,12 +42,6 @@ def make_encoder(settings: Settings):
     c = settings.coordinator
     return TranscriptEncoder(c.encoder, max_tokens=c.max_encode_tokens, svf_layer=c.svf_layer, dtype=c.encoder_dtype,
                              chunk_tokens=c.encode_chunk_tokens)
-
-
-def role_caps(settings: Settings) -> dict[str, int]:
-    """Completion token caps of the Thinker and Verifier turns (the Worker's is the member's own max_tokens)."""
-    c = settings.coordinator
-    return {"thinker": c.thinker_max_tokens, "verifier": c.verifier_max_tokens}
 
 
 def checkpoint_layout(settings: Settings, n_models: int, states) -> ParamLayout:
@@ -81,11 +76,11 @@ def checkpoint_stem(path: str | Path) -> Path:
     return stem
 
 
-def save_checkpoint(path: Path, params: np.ndarray, metadata: dict) -> None:
+def save_checkpoint(path: Path, params: np.ndarray, metadata: CheckpointMeta) -> None:
     """Checkpoint = params .npy (float64) + JSON metadata beside it (same stem), each written atomically. The
     metadata is serialised before anything is written: metadata JSON cannot hold leaves the old checkpoint whole."""
     path = Path(path)
-    meta_text = json.dumps(metadata, indent=2, sort_keys=True) + "\n"
+    meta_text = json.dumps(metadata.to_json(), indent=2, sort_keys=True) + "\n"
     with atomic_open(path.with_suffix(".npy"), "wb") as f:
         np.save(f, params.astype(np.float64))
     write_text(path.with_suffix(".json"), meta_text)
@@ -100,7 +95,7 @@ class Policy:
     """The checkpoint's stem (<stem>.npy + <stem>.json)."""
     params: np.ndarray
     """The flat vector as saved: [δ…, W…] (float64)."""
-    meta: dict
+    meta: CheckpointMeta
     features: FeatureMap | None
     """The feature map the head was trained on (None: raw hidden states)."""
 
@@ -109,9 +104,12 @@ class Policy:
         """The checkpoint at `path` (a stem, either file, or a directory holding one pair: `checkpoint_stem`)."""
         stem = checkpoint_stem(path)
         params = np.load(stem.with_suffix(".npy"))
-        meta = json.loads(stem.with_suffix(".json").read_text())
+        meta_file = stem.with_suffix(".json")
         try:
-            features = checkpoint_features(meta)
+            meta = CheckpointMeta.from_json(json.loads(meta_file.read_text()), str(meta_file))
+            features = FeatureMap.from_json(meta.features)
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"checkpoint {meta_file}: not JSON ({e})") from None
         except ValueError as e:
             raise CheckpointError(f"checkpoint {stem}: {e}") from None
         return cls(stem, params, meta, features)
@@ -119,7 +117,7 @@ class Policy:
     @property
     def pool_names(self) -> list[str]:
         """The pool members the head was trained on, in order (its first L logits)."""
-        return [p["name"] for p in self.meta.get("pool", [])]
+        return self.meta.pool_names
 
     def check(self, settings: Settings, encoder=None) -> None:
         """CheckpointError unless this checkpoint can be played with `settings`: the same pool members in the same
@@ -134,16 +132,16 @@ class Policy:
             raise CheckpointError(f"checkpoint {self.path} was trained on pool {self.pool_names}, but {params_file} "
                                   f"configures pool.members {members}: {hint}")
         c = settings.coordinator
-        if self.meta.get("svf_layer") != c.svf_layer:
+        if self.meta.svf_layer != c.svf_layer:
             raise CheckpointError(f"checkpoint {self.path} was trained with coordinator.svf_layer "
-                                  f"{self.meta.get('svf_layer')!r}, {params_file} says {c.svf_layer!r}: {hint}")
+                                  f"{self.meta.svf_layer!r}, {params_file} says {c.svf_layer!r}: {hint}")
         if (self.features is None) != (c.feature_norm == "none"):
             raise CheckpointError(f"checkpoint {self.path} was trained with coordinator.feature_norm "
-                                  f"{self.meta.get('features', {}).get('norm', 'none')!r}, {params_file} says "
+                                  f"{(self.meta.features or {}).get('norm', 'none')!r}, {params_file} says "
                                   f"{c.feature_norm!r}: {hint}")
         if encoder is None:
             return
-        trained = self.meta.get("encoder")
+        trained = self.meta.encoder
         if trained is not None and trained != encoder.encoder_id:
             raise CheckpointError(f"checkpoint encoder {trained!r} differs from configured {encoder.encoder_id!r} "
                                   f"(checkpoint {self.path}): {hint}")

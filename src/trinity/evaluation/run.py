@@ -33,8 +33,10 @@ import numpy as np
 
 from trinity.config import Settings
 from trinity.env import env_flag
-from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, is_outage, play_episodes
+from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, play_episodes
+from trinity.coordinator.rollout import is_outage
 from trinity.coordinator.policy import param_split
+from trinity.coordinator.role_sampling import RoleSampling
 from trinity.coordinator.router import ROUTER, router_settings
 from trinity.coordinator.roles import Role, Turn, allowed_roles, latest_answer, role_messages, turn_of
 from trinity.records import Task
@@ -109,7 +111,7 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[T
     all_methods = [COORDINATOR, *([ROUTER] if router is not None else []), *(f"alone:{n}" for n in pool.names),
                    RANDOM_ROUTING]
     chosen = [m for m in all_methods if methods is None or m in methods]
-    trees = RolloutTrees()
+    trees, role_sampling = RolloutTrees(), RoleSampling.of(settings)
     if any(t.grader == "judge" for ts in tasks.values() for t in ts) and judge is None:
         raise ValueError("MT-Bench tasks need a judge (evaluate.judge)")
 
@@ -118,13 +120,13 @@ def evaluate(settings: Settings, params: np.ndarray, tasks: dict[str, Sequence[T
         eps = [Episode(task=t, candidate=0, rng=rng_of(t)) for t in ts]
         await play_episodes(eps, [head], pool, reads, who.coordinator.max_turns, settings.reward, _no_grade,
                             adapters=adapted, trees=trees, roles=allowed_roles(who.coordinator),
-                            answer_rule=who.coordinator.answer_rule,
+                            answer_rule=who.coordinator.answer_rule, role_sampling=role_sampling,
                             stop_on_outage=True)  # an outage leaves the item unscored: no more calls
         return [Transcript(e.answer, e.turns, e.path, e.verifier_first, e.cost_usd) for e in eps]
 
     async def alone(idx: int, ts: Sequence[Task]) -> list[Transcript]:
-        replies = await asyncio.gather(*(pool.complete(idx, role_messages(Role.WORKER, t, ()), Role.WORKER.value)
-                                         for t in ts))
+        replies = await asyncio.gather(*(role_sampling.complete(pool, idx, role_messages(Role.WORKER, t, ()),
+                                                                Role.WORKER) for t in ts))
         out = []
         for r in replies:
             turn = turn_of(pool.names[idx], Role.WORKER, r)

@@ -277,8 +277,8 @@ def measure_learnability(generations: int, tasks_per_generation: int, n_train: i
         n_validation: int = 0, warm_starts: Sequence[str] = ("none",),
         log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Train each of `methods` on the known-answer problem at the same budget and score the vector it would save on
-    held-out tasks after every generation (`python -m bench.learnability` prints it; tests/test_learnability.py runs
-    it small). The result is the bench's JSON object: the figure, what it is compared against, the curves."""
+    held-out tasks after every generation (`python -m bench.learnability` prints it;
+    tests/integration/test_learnability.py runs it small). The result is the bench's JSON object: the figure, what it is compared against, the curves."""
     from trinity.config import load_settings
     from trinity.coordinator.episode import RolloutTrees, StateCache
     from trinity.evolve.loop import param_layout

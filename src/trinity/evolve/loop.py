@@ -40,9 +40,11 @@ import numpy as np
 from trinity.config import Settings
 from trinity.coordinator.features import fit_feature_map
 from trinity.coordinator.episode import (Episode, OutageError, RolloutTrees, StateCache, entropy_of_counts,
-                                        episode_rng, is_outage, play_episodes)
+                                        episode_rng, play_episodes)
 from trinity.coordinator.head import HeadShape, ParamLayout
+from trinity.coordinator.role_sampling import RoleSampling
 from trinity.coordinator.roles import ROLES, allowed_roles
+from trinity.coordinator.rollout import is_outage
 from trinity.evolve.optimizer import METHODS, Optimizer, default_popsize
 from trinity.evolve.random_search import RandomSearch
 from trinity.evolve.records import EvolutionResult, GenerationRecord
@@ -169,7 +171,7 @@ def evolve(settings: Settings, train: Sequence[Task], pool, states: StateCache, 
     fingerprint = run_fingerprint(settings, layout, train, getattr(states.encoder, "base_id", None),
                                   validation=validation)
     validation = list(validation)
-    members = val.score_members(validation, pool, grade, trees) if validation else {}
+    members = val.score_members(validation, pool, grade, trees, RoleSampling.of(settings)) if validation else {}
     x0 = None
     if ev.warm_start == "best_member":
         if not validation:
@@ -305,7 +307,8 @@ def play_replaying_outages(specs: Sequence[tuple[Task, int, tuple]], heads, pool
         eps = [Episode(task=specs[i][0], candidate=specs[i][1], rng=episode_rng(*specs[i][2])) for i in ix]
         asyncio.run(play_episodes(eps, heads, pool, states, c.max_turns, settings.reward, grade, adapters=adapters,
                                   trees=trees, keep_features=keep_features, stop_on_outage=True,
-                                  roles=allowed_roles(c), answer_rule=c.answer_rule))
+                                  roles=allowed_roles(c), answer_rule=c.answer_rule,
+                                  role_sampling=RoleSampling.of(settings)))
         return eps
 
     episodes = play(range(len(specs)))
@@ -369,9 +372,10 @@ def score_params(params: np.ndarray, layout: ParamLayout, scoring: Sequence[tupl
             len(eps) - len(clean))
 
 
-_RUNTIME_ONLY = {"task_runner", "dask_workers", "dask_threads_per_worker", "generations"}
-"""evolve.* keys that change no generation already played: where calls run, and how many generations to play
-(generation g's tasks and seeds depend on g only), so raising `generations` extends a finished run."""
+_RUNTIME_ONLY = {"generations"}
+"""evolve.* keys that change no generation already played: how many generations to play (generation g's tasks
+and seeds depend on g only), so raising `generations` extends a finished run. Where calls run
+(`config.EXECUTION_SETTINGS`, pool.*) is left out of the pool's part."""
 
 
 RESUME_FORMAT = 4
@@ -387,10 +391,12 @@ def run_fingerprint(settings: Settings, layout: ParamLayout, train: Sequence[Tas
     change starts a new run unless declared a compatible refactor there. A local member's GGUF is named by its
     content (sha256), not by where it lies: a moved file is the same run, a replaced one a new run."""
     from trinity.code_version import code_version
+    from trinity.config import EXECUTION_SETTINGS
     from trinity.pool.bundled import ModelAssemblyError, gguf_sha256
     from trinity.records import stable_hash
 
-    dump = settings.model_dump(include={"evolve", "reward", "coordinator", "pool"})
+    dump = settings.model_dump(include={"evolve", "reward", "coordinator", "pool"},
+                               exclude={"pool": set(EXECUTION_SETTINGS)})
     dump["evolve"] = {k: v for k, v in dump["evolve"].items() if k not in _RUNTIME_ONLY}
     for m in dump["pool"]["members"]:
         if m["backend"] == "local":

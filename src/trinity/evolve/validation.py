@@ -20,8 +20,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from trinity.config import Settings
-from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, is_outage, play_episodes
+from trinity.coordinator.episode import Episode, RolloutTrees, StateCache, episode_rng, play_episodes
+from trinity.coordinator.rollout import is_outage
 from trinity.coordinator.head import ParamLayout
+from trinity.coordinator.role_sampling import RoleSampling
 from trinity.coordinator.roles import ROLES, Role, allowed_roles, coordinator_text, returned_answer, turn_of
 from trinity.records import Task
 
@@ -46,7 +48,8 @@ def score_policy(params: np.ndarray, layout: ParamLayout, tasks: Sequence[Task],
            for t in tasks]
     asyncio.run(play_episodes(eps, [W], pool, states, c.max_turns, settings.reward, grade,
                               adapters=None if delta is None else [delta], trees=trees, stop_on_outage=True,
-                              roles=allowed_roles(c), answer_rule=c.answer_rule))
+                              roles=allowed_roles(c), answer_rule=c.answer_rule,
+                              role_sampling=RoleSampling.of(settings)))
     clean = [e for e in eps if not e.outage]
     if not clean:
         return ValidationScore(float("nan"), float("nan"), len(eps))
@@ -54,10 +57,11 @@ def score_policy(params: np.ndarray, layout: ParamLayout, tasks: Sequence[Task],
                            float(np.mean([e.answer is None for e in clean])), len(eps) - len(clean))
 
 
-def score_members(tasks: Sequence[Task], pool, grade: Callable[[Task, str], float],
-                  trees: RolloutTrees) -> dict[str, ValidationScore]:
+def score_members(tasks: Sequence[Task], pool, grade: Callable[[Task, str], float], trees: RolloutTrees,
+                  role_sampling: RoleSampling) -> dict[str, ValidationScore]:
     """Each pool member alone (one Worker turn: the evaluation's "alone" request) on the validation items."""
-    requests = [trees.request(pool, t, (), idx, Role.WORKER) for idx in range(len(pool)) for t in tasks]
+    requests = [trees.request(pool, role_sampling, t, (), idx, Role.WORKER)
+                for idx in range(len(pool)) for t in tasks]
     replies = asyncio.run(pool.complete_many(requests)) if requests else []
     out = {}
     for idx, name in enumerate(pool.names):

@@ -77,7 +77,8 @@ def parse_score(text: str) -> float | None:
 
 
 JUDGE_ROLE = "judge"
-"""The role judge calls are stored under (store rows, exports)."""
+"""The label judge calls are stored under (the store's role column, exports); they ask the judge member's own
+sampling (no cap, free text)."""
 
 
 def judge_member(member: PoolMember, max_tokens: int) -> PoolMember:
@@ -134,7 +135,7 @@ class MTBenchJudge:
         """Judge many (task, answers, turn) at once: one batch of pool requests (stored ones cost nothing; a long
         batch of new calls reports its progress)."""
         prompts = [self.messages(task, answers, turn) for task, answers, turn in jobs]
-        requests = [(self.idx, JUDGE_ROLE, self.pool.key(self.idx, msgs, JUDGE_ROLE), msgs) for _, msgs in prompts]
+        requests = [self.pool.request(self.idx, msgs, label=JUDGE_ROLE) for _, msgs in prompts]
         replies = await self.pool.complete_many(requests)
         return [self._verdict(task, turn, name, resp) for (task, _, turn), (name, _), resp in zip(jobs, prompts, replies)]
 

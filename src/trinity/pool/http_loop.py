@@ -7,7 +7,7 @@ connection whose first request has not arrived within 5 s (its keep-alive timeou
 and then stalls for longer than that writes its request to a closed transport ("Cannot write to closing transport").
 With HTTP on a loop of its own, a caller may block its own loop for as long as it likes: the calls it started go on.
 The same stalls used to inflate the call seconds that the compute tables and the cost-aware reward read; measured on
-this loop, a call's seconds are the request's time on the wire (`trinity.pool.openai_compat`).
+this loop, a call's seconds are the request's time on the wire (`trinity.pool.openai_client`).
 
 What runs on this loop is the pool's own bookkeeping: the store lookup (a dict), the in-flight sharing, the HTTP
 clients, and the store write of each reply (one small DuckDB transaction). Local models run in process go to worker

@@ -4,10 +4,11 @@ One `llama-server` process per model (per GGUF file and settings), started by th
 shared by every member that names it (`LLAMA_SERVERS`, one per process). It decodes up to `max_concurrency`
 calls at once as one batch (parallel slots, continuous batching) and keeps each slot's prompt in its KV cache,
 reusing the longest common prefix of the next prompt (`--cache-reuse`): an episode's later turns repeat the
-earlier transcript, and every candidate of a generation starts from the same task prompts. It is called over
-loopback HTTP through the OpenAI-compatible member (`trinity.pool.openai_compat`): one call path, retries,
-limits and failure kinds, for local and remote members. A user's own server (llama.cpp, vLLM, Ollama, on a GPU
-box) is that same path, written as an `openai` member with its URL (README, "Point Trinity at real endpoints").
+earlier transcript, and every candidate of a generation starts from the same task prompts. The member holds an
+HTTP client of its running server, the client the OpenAI-compatible member holds too
+(`trinity.pool.openai_client.EndpointClient`): one call path, retries, limits and failure kinds, for local and
+remote members. A user's own server (llama.cpp, vLLM, Ollama, on a GPU box) is that same path, written as an
+`openai` member with its URL (README, "Point Trinity at real endpoints").
 
 The binary is built once per CPU by `scripts/build_llama_server.sh` (`make setup` runs it) from the llama.cpp that
 llama-cpp-python vendors, into ~/.cache/trinity/llama-server/cpu-<CPU_KEY>/ (env TRINITY_LLAMA_SERVER: another one),
@@ -50,8 +51,8 @@ from typing import Any, Sequence
 from trinity.config import PoolMember, PoolSettings
 from trinity.pool.base import LoopLocalSemaphore
 from trinity.pool.errors import PoolConfigError
-from trinity.pool.openai_compat import OpenAICompatibleChatModel
-from trinity.pool.local import COMPLETION_STOP, LocalChatModel, completion_prompt, output_grammar
+from trinity.pool.local import COMPLETION_STOP, GGUFModel, completion_prompt, output_grammar
+from trinity.pool.openai_client import EndpointClient
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
 
 BINARY_ENV = "TRINITY_LLAMA_SERVER"
@@ -337,18 +338,25 @@ LLAMA_SERVERS = LlamaServers()
 atexit.register(LLAMA_SERVERS.stop_all)
 
 
-class LlamaServerChatModel(LocalChatModel):
+class LlamaServerChatModel:
     """A local member (bundled id or .gguf path) served by llama-server: the GGUF's identity, prompts and grammar
-    of `LocalChatModel`, the call of `OpenAICompatibleChatModel` (see the module doc). `global_limit` and
-    `member_limit` are the pool's slots (`ConcurrencyLimits`); the member's own limit is its server's slot count."""
+    (`GGUFModel`, as in process), asked over HTTP by an `EndpointClient` of its running server (see the module doc).
+    `global_limit` and `member_limit` are the pool's slots (`ConcurrencyLimits`); the member's own limit is its
+    server's slot count."""
 
     def __init__(self, member: PoolMember, global_limit: LoopLocalSemaphore | None = None, *,
                  member_limit: LoopLocalSemaphore | None = None):
-        super().__init__(member)
-        self.spec = ServerSpec(binary=str(server_binary()), gguf=str(self.path), ctx_per_slot=member.n_ctx,
+        self.member = member
+        self.name = member.name
+        self.gguf = GGUFModel(member)
+        self.model_id = self.gguf.model_id
+        self._identity = self._engine_identity()
+        self.spec = ServerSpec(binary=str(server_binary()), gguf=str(self.gguf.path), ctx_per_slot=member.n_ctx,
                                slots=member.max_concurrency, threads=member.n_threads or usable_cores())
-        self._limits = (global_limit, member_limit)
-        self._client: _ServerClient | None = None
+        self._member_limit = member_limit if member_limit is not None else LoopLocalSemaphore(self.spec.slots)
+        self._global_limit = global_limit
+        self._client: EndpointClient | None = None
+        """The client of the running server (a new one when a server started again listens on another port)."""
 
     def _engine_identity(self) -> dict:
         """The server's build (`server_build`, not the binding's version: the binding need not be installed) and
@@ -357,26 +365,28 @@ class LlamaServerChatModel(LocalChatModel):
         problem = binary_problem()
         if problem is not None:
             raise PoolConfigError(f"pool member {self.name!r}: {problem}")
-        return {
-            "prompt_style": "completion" if self.completion_style else "chat",
-            "stop": list(COMPLETION_STOP) if self.completion_style else [],
-            "n_ctx": self.member.n_ctx, "engine": "llama-server", "llama_cpp": server_build(server_binary()),
-            "samplers": dict(LLAMA_SAMPLERS),
-        }
+        return {**self.gguf.prompt_identity(), "n_ctx": self.member.n_ctx, "engine": "llama-server",
+                "llama_cpp": server_build(server_binary()), "samplers": dict(LLAMA_SAMPLERS)}
 
-    def _client_of(self, server: ServerProcess) -> "_ServerClient":
-        if self._client is None or self._client.member.base_url != server.base_url:
-            http_member = PoolMember(name=self.name, backend="openai", model=Path(self.spec.gguf).name,
-                                     base_url=server.base_url, max_concurrency=self.spec.slots,
-                                     timeout_s=CALL_TIMEOUT_S, max_retries=CONNECTION_RETRIES)
-            global_limit, member_limit = self._limits
-            self._client = _ServerClient(self, http_member, global_limit, member_limit=member_limit)
+    def request_identity(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> dict:
+        """What, besides model_id, messages and sampling, shapes this member's reply (`GGUFModel.request_identity`)."""
+        return self.gguf.request_identity(self._identity, messages, sampling)
+
+    def _client_of(self, server: ServerProcess) -> EndpointClient:
+        """The client of `server`: a failed connection is asked again (`CONNECTION_RETRIES`); a timeout is final (a
+        local server is slow only because its CPU is busy, and asking again would only add to its queue)."""
+        if self._client is None or self._client.base_url != server.base_url:
+            self._client = EndpointClient(
+                name=self.name, model_id=self.model_id, base_url=server.base_url, api_key=None,
+                timeout_s=CALL_TIMEOUT_S, max_retries=CONNECTION_RETRIES, member_limit=self._member_limit,
+                global_limit=self._global_limit, retry_timeouts=False)
         return self._client
 
     async def chat(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
         """One call; the server is started on first use (and again if it died: then the call is asked once more).
         Its `latency_s` is the server's time on it (the client's: waits for a free slot left out), not the start."""
         t0 = time.monotonic()
+        route, body = server_request(self.name, self.gguf, messages, sampling)
         resp: ChatResponse | None = None
         served_s = 0.0
         for _ in range(2):
@@ -385,46 +395,27 @@ class LlamaServerChatModel(LocalChatModel):
             except ServerStartError as e:
                 return ChatResponse(text="", ok=False, error=str(e), failure="transient", model=self.model_id,
                                     latency_s=time.monotonic() - t0)
-            resp = await self._client_of(server).chat(messages, sampling)
+            resp = await self._client_of(server).call(route, body)
             served_s += resp.latency_s
             if resp.ok or resp.failure == "deterministic" or server.alive():
                 break
         assert resp is not None
-        return dataclasses.replace(resp, model=self.model_id, latency_s=served_s)
+        return dataclasses.replace(resp, latency_s=served_s)
 
     def generate(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
         """The blocking call, for a caller without an event loop."""
         return asyncio.run(self.chat(messages, sampling))
 
 
-class _ServerClient(OpenAICompatibleChatModel):
-    """The OpenAI-compatible member that calls one llama-server, asking what `LocalChatModel` asks in process."""
-
-    def __init__(self, model: LlamaServerChatModel, http_member: PoolMember,
-                 global_limit: LoopLocalSemaphore | None, *, member_limit: LoopLocalSemaphore | None):
-        super().__init__(http_member, global_limit, member_limit=member_limit)
-        self.local_model = model
-
-    def request(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> tuple[str, dict[str, Any]]:
-        return server_request(self.local_model, messages, sampling)
-
-    async def _attempt(self, route: str, body: dict[str, Any]):
-        """A failed connection is asked again (`CONNECTION_RETRIES`); a timeout is final: a local server is slow only
-        because its CPU is busy, and asking again would only add to its queue."""
-        outcome = await super()._attempt(route, body)
-        if outcome.timed_out:
-            return dataclasses.replace(outcome, give_up=True)
-        return outcome
-
-
-def server_request(model: LocalChatModel, messages: Sequence[ChatMessage],
+def server_request(member_name: str, gguf: GGUFModel, messages: Sequence[ChatMessage],
                    sampling: SamplingParams) -> tuple[str, dict[str, Any]]:
-    """The route and body that ask llama-server what `LocalChatModel.generate` asks llama-cpp-python."""
-    body: dict[str, Any] = {"model": model.name, "temperature": sampling.temperature, "top_p": sampling.top_p,
+    """The route and body that ask llama-server what `trinity.pool.local.LocalChatModel.generate` asks
+    llama-cpp-python of `gguf` (the request's `model` is the member's name: a server serves one model)."""
+    body: dict[str, Any] = {"model": member_name, "temperature": sampling.temperature, "top_p": sampling.top_p,
                             "max_tokens": sampling.max_tokens, "seed": sampling.seed, **LLAMA_SAMPLERS}
     grammar = output_grammar(sampling)
     if grammar is not None:
         body["grammar"] = grammar
-    if model.completion_style:
+    if gguf.completion_style:
         return "/completions", {**body, "prompt": completion_prompt(messages), "stop": list(COMPLETION_STOP)}
     return "/chat/completions", {**body, "messages": [{"role": m.role, "content": m.content} for m in messages]}

@@ -1,13 +1,13 @@
 """Local pool members run in process with llama-cpp-python (`PoolMember.engine: in-process`), and what every local
-member shares whatever runs it: the GGUF's identity, the completion prompt of base models, the verdict grammar.
-The default engine, llama.cpp's own server, is `trinity.pool.llama_server`.
+member shares whatever runs it (`GGUFModel`, which both local members hold): the GGUF's identity, the completion
+prompt of base models, the verdict grammar. The default engine, llama.cpp's own server, is `trinity.pool.llama_server`.
 
 A model file is loaded once per process (`LLAMA_MODELS`, shared by every member that names it). Calls run
 in a worker thread (asyncio.to_thread) so the event loop never blocks; one lock per loaded model serialises
 calls, since a llama.cpp context is not thread-safe and the CPU is the bottleneck anyway.
 
 A stored response must be the answer to the same question, so what keys a local member's responses
-(`LocalChatModel.model_id` + `request_identity`) is everything that shapes the reply besides the messages
+(`GGUFModel.model_id` + `request_identity`) is everything that shapes the reply besides the messages
 and the sampling settings: the GGUF's sha256 (its weights and its chat template), the prompt style, for a
 completion-style (base) model the exact prompt text rendered from the messages (its template, few-shot
 example and stop strings included), the context size, the thread count and the llama.cpp version, and for a
@@ -97,6 +97,41 @@ def output_grammar(sampling: SamplingParams) -> str | None:
     raise ValueError(f"local members have no grammar for output_format {sampling.output_format!r}")
 
 
+class GGUFModel:
+    """The model of a local member, whatever engine runs it (`LocalChatModel` in process, and
+    `trinity.pool.llama_server.LlamaServerChatModel`, both hold one): the GGUF file (a bundled id or a path), its
+    identity, how it is prompted, and what of a request keys its reply besides the engine."""
+
+    def __init__(self, member: PoolMember):
+        self.path = resolve_gguf(member.model)
+        bundled = BUNDLED.get(member.model)
+        self.sha256 = gguf_sha256(member.model, self.path)
+        self.model_id = f"gguf:{bundled.id if bundled else self.path.name}@sha256:{self.sha256}"
+        """Readable name + the file's content hash: same name, other weights → other responses."""
+        self.completion_style = member.prompt_style == "completion" or (bundled is not None and not bundled.chat)
+        """A base model (or a member that asks for it): the messages rendered as a few-shot prompt
+        (`completion_prompt`), cut at `COMPLETION_STOP`."""
+
+    def prompt_identity(self) -> dict:
+        """The prompt's part of an engine's identity: the prompt style and, for a completion, the stop strings."""
+        return {"prompt_style": "completion" if self.completion_style else "chat",
+                "stop": list(COMPLETION_STOP) if self.completion_style else []}
+
+    def request_identity(self, engine_identity: dict, messages: Sequence[ChatMessage],
+                         sampling: SamplingParams) -> dict:
+        """What, besides model_id, messages and sampling, shapes a local member's reply to `messages` (part of
+        the response-store key; see the module doc): its engine's identity and, for a completion-style model, the
+        rendered prompt, so editing its template or few-shot example is a store miss; so is the grammar of an
+        output format, so editing the grammar asks again (a free-text request's identity has no grammar entry)."""
+        identity = engine_identity
+        if self.completion_style:
+            identity = {**identity, "prompt": completion_prompt(messages)}
+        grammar = output_grammar(sampling)
+        if grammar is not None:
+            identity = {**identity, "grammar": grammar}
+        return identity
+
+
 IN_PROCESS_EXTRA = "in-process"
 """The install extra that brings the binding (`pip install -e '.[in-process]'`; `make setup-in-process` builds it)."""
 
@@ -119,17 +154,13 @@ def binding_problem() -> str | None:
 
 
 class LocalChatModel:
-    """A pool member backed by a local GGUF file (bundled id or path)."""
+    """A pool member backed by a local GGUF file (bundled id or path), run in process."""
 
     def __init__(self, member: PoolMember):
         self.member = member
         self.name = member.name
-        self.path = resolve_gguf(member.model)
-        spec = BUNDLED.get(member.model)
-        self.sha256 = gguf_sha256(member.model, self.path)
-        self.model_id = f"gguf:{spec.id if spec else self.path.name}@sha256:{self.sha256}"
-        """Readable name + the file's content hash: same name, other weights → other responses."""
-        self.completion_style = member.prompt_style == "completion" or (spec is not None and not spec.chat)
+        self.gguf = GGUFModel(member)
+        self.model_id = self.gguf.model_id
         self.n_threads = member.n_threads or IN_PROCESS_THREADS
         self._identity = self._engine_identity()
 
@@ -139,27 +170,15 @@ class LocalChatModel:
         if problem is not None:
             raise PoolConfigError(f"pool member {self.name!r}: {problem}")
         version = binding_version()
-        return {
-            "prompt_style": "completion" if self.completion_style else "chat",
-            "stop": list(COMPLETION_STOP) if self.completion_style else [],
-            "n_ctx": self.member.n_ctx, "n_threads": self.n_threads, "llama_cpp": version,
-        }
+        return {**self.gguf.prompt_identity(),
+                "n_ctx": self.member.n_ctx, "n_threads": self.n_threads, "llama_cpp": version}
 
     def request_identity(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> dict:
-        """What, besides model_id, messages and sampling, shapes this member's reply to `messages` (part of
-        the response-store key; see the module doc). A completion-style member's rendered prompt is in it,
-        so editing its template or few-shot example is a store miss; so is the grammar of an output format,
-        so editing the grammar asks again (a free-text request's identity has no grammar entry)."""
-        identity = self._identity
-        if self.completion_style:
-            identity = {**identity, "prompt": completion_prompt(messages)}
-        grammar = output_grammar(sampling)
-        if grammar is not None:
-            identity = {**identity, "grammar": grammar}
-        return identity
+        """What, besides model_id, messages and sampling, shapes this member's reply (`GGUFModel.request_identity`)."""
+        return self.gguf.request_identity(self._identity, messages, sampling)
 
     def _generate(self, messages: Sequence[ChatMessage], sampling: SamplingParams) -> ChatResponse:
-        llm, lock = load_llama(self.path, self.member.n_ctx, self.n_threads)
+        llm, lock = load_llama(self.gguf.path, self.member.n_ctx, self.n_threads)
         grammar_text = output_grammar(sampling)
         constrained = {}
         if grammar_text is not None:
@@ -172,7 +191,7 @@ class LocalChatModel:
             # batch layout and, through float rounding, can change a sampled token. A stored response must
             # be exactly what a fresh process would produce (resume = uninterrupted run).
             llm.reset()
-            if self.completion_style:
+            if self.gguf.completion_style:
                 out = llm.create_completion(
                     completion_prompt(messages), max_tokens=sampling.max_tokens, temperature=sampling.temperature,
                     top_p=sampling.top_p, seed=sampling.seed, stop=list(COMPLETION_STOP), **constrained)

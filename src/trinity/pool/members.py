@@ -8,10 +8,12 @@ builds one for the pool (`runtime.build_members`) and for a task runner's worker
 | openai | `openai_compat.OpenAICompatibleChatModel` | HTTP, to base_url | its API key (api_key_env) |
 | local, engine llama-server (default) | `llama_server.LlamaServerChatModel` | HTTP, to its own llama-server | the built server (`make setup`) |
 | local, engine in-process | `local.LocalChatModel` | in this process | the binding (`make setup-in-process`) |
+
+The two kinds over HTTP hold the same client (`openai_client.EndpointClient`: retries, limits, failure kinds); the
+two local kinds hold the same model (`local.GGUFModel`: the file, its identity, prompts and grammar).
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -39,29 +41,42 @@ def _binding_problem() -> str | None:
     return binding_problem()
 
 
+# The classes, imported when a kind is used (a kind's heavy imports are paid only by pools that have one), by
+# import statements rather than by name: `trinity.code_version` follows imports, and a member's class shapes results.
+def _openai_class() -> type:
+    from trinity.pool.openai_compat import OpenAICompatibleChatModel
+
+    return OpenAICompatibleChatModel
+
+
+def _llama_server_class() -> type:
+    from trinity.pool.llama_server import LlamaServerChatModel
+
+    return LlamaServerChatModel
+
+
+def _in_process_class() -> type:
+    from trinity.pool.local import LocalChatModel
+
+    return LocalChatModel
+
+
 @dataclass(frozen=True)
 class MemberKind:
     name: str
-    module: str
-    cls: str
+    load: Callable[[], type]
+    """The class of this kind's members (imported now)."""
     over_http: bool
     """HTTP members share the pool's concurrency limits (global and per member); in-process ones run on the caller's
     thread."""
     engine_problem: Callable[[], str | None]
     """What this machine lacks to run a member of this kind (None: nothing)."""
 
-    def load(self) -> type:
-        """The class (imported now: a kind's heavy imports are paid only by pools that have one)."""
-        return getattr(importlib.import_module(self.module), self.cls)
-
 
 MEMBER_KINDS = {
-    ("openai", None): MemberKind("openai", "trinity.pool.openai_compat", "OpenAICompatibleChatModel", True,
-                                 _no_problem),
-    ("local", "llama-server"): MemberKind("local/llama-server", "trinity.pool.llama_server", "LlamaServerChatModel",
-                                          True, _server_problem),
-    ("local", "in-process"): MemberKind("local/in-process", "trinity.pool.local", "LocalChatModel", False,
-                                        _binding_problem),
+    ("openai", None): MemberKind("openai", _openai_class, True, _no_problem),
+    ("local", "llama-server"): MemberKind("local/llama-server", _llama_server_class, True, _server_problem),
+    ("local", "in-process"): MemberKind("local/in-process", _in_process_class, False, _binding_problem),
 }
 
 

@@ -1,4 +1,4 @@
-"""The HTTP plumbing of `trinity.pool.openai_compat`'s client: the SDK's transport (aiohttp or httpx, idle
+"""The HTTP plumbing of `trinity.pool.openai_client.EndpointClient`: the SDK's transport (aiohttp or httpx, idle
 connections dropped after IDLE_CONNECTION_EXPIRY_S), closing a client with the event loop it belongs to, the holder
 that keeps an API key out of every repr, and an endpoint's URL without credentials or query.
 """
@@ -13,7 +13,6 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx2
 import openai
 
-from trinity.config import PoolMember
 from trinity.pool.errors import PoolConfigError
 
 
@@ -23,18 +22,18 @@ IDLE_CONNECTION_EXPIRY_S = 2.0
 call never reuses a connection the server is closing. Against a remote API a lapsed connection costs one reconnect."""
 
 
-def _http_client(transport: str, member: PoolMember) -> Any:
+def _http_client(transport: str, timeout_s: float, member_name: str) -> Any:
     """The SDK's aiohttp-backed client when asked for (or "auto" and aiohttp is installed), else the SDK's httpx
     client; either drops idle connections after IDLE_CONNECTION_EXPIRY_S."""
     if transport not in ("auto", "aiohttp", "httpx"):
-        raise PoolConfigError(f"pool member {member.name!r}: unknown transport {transport!r}")
+        raise PoolConfigError(f"pool member {member_name!r}: unknown transport {transport!r}")
     limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100,
                            keepalive_expiry=IDLE_CONNECTION_EXPIRY_S)
     if transport == "httpx" or importlib.util.find_spec("aiohttp") is None:
         if transport == "aiohttp":
-            raise PoolConfigError(f"pool member {member.name!r}: transport 'aiohttp' needs the aiohttp package")
-        return openai.DefaultAsyncHttpxClient(timeout=member.timeout_s, limits=limits)
-    return openai.DefaultAioHttpClient(timeout=member.timeout_s, limits=limits)
+            raise PoolConfigError(f"pool member {member_name!r}: transport 'aiohttp' needs the aiohttp package")
+        return openai.DefaultAsyncHttpxClient(timeout=timeout_s, limits=limits)
+    return openai.DefaultAioHttpClient(timeout=timeout_s, limits=limits)
 
 
 def _close_on(loop: asyncio.AbstractEventLoop, client: Any) -> None:

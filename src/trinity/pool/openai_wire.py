@@ -1,5 +1,5 @@
 """What an OpenAI-compatible endpoint is sent and what it answers, read without the client
-(`trinity.pool.openai_compat` holds the client, with its retries): the structured-output `response_format` of an
+(`trinity.pool.openai_client` holds the client, with its retries): the structured-output `response_format` of an
 output format, and the readers of replies and failures (token usage, an error's message and code, Retry-After, a
 timeout's root cause, a failure's cause chain, bounded excerpts).
 """

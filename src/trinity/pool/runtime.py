@@ -8,7 +8,7 @@
   built (`build_pool(..., executor=)`): in process (`InProcessExecutor`, the default: HTTP members on the
   pool's HTTP loop — local models served by llama-server among them —, local models run in process on asyncio
   worker threads), or through a Prefect task runner
-  (`trinity.evolve.engine.TaskRunnerExecutor`: threads, or Dask worker processes). Whatever runs them,
+  (`trinity.pool.task_runner.TaskRunnerExecutor`: threads, or Dask worker processes). Whatever runs them,
   responses come back to this process, which alone writes the store (DuckDB: one writer).
 - Concurrency: the pool's `ConcurrencyLimits` (`pool.max_concurrency` in all, `member.max_concurrency` per HTTP
   member), shared by the members and the task-runner executor (`trinity.pool.base`).
@@ -21,13 +21,16 @@
   connection (a stall over llama-server's 5 s keep-alive timeout killed it) nor a call's measured seconds. Callers
   see every reply as it is returned (`Pool.observe`: the reply, and whether the store held it), in their own
   context.
+- What a request asks of a member's sampling is the caller's to say (`Ask`: a cap on the member's max_tokens and an
+  output format, or a ready `SamplingParams`); the pool resolves it against the member's own settings and keys the
+  request by the result. A request's `label` (what the caller calls it) is recorded beside the response and never
+  read.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import contextvars
-import copy
 import sys
 import time
 from collections import Counter
@@ -40,7 +43,6 @@ from trinity.pool.http_loop import run_on_http_loop
 from trinity.pool.llama_server import with_thread_budget
 from trinity.pool.members import build_member, over_http
 from trinity.records import ChatMessage, ChatResponse, SamplingParams
-from trinity.verdict import VERDICT_FORMAT
 from trinity.store import REPLAY_ENV, ReplayMiss, Store, replay_only, response_key
 
 
@@ -72,17 +74,24 @@ class PoolStats:
         return d
 
 
-ROLE_OUTPUT_FORMAT: dict[str, str] = {"verifier": VERDICT_FORMAT}
-"""The reply shape each role demands of a member (`SamplingParams.output_format`); other roles: free text."""
+class Ask(NamedTuple):
+    """What a caller asks of a member's sampling (`Pool.sampling`): a cap on the member's own max_tokens (None or
+    0: the member's), and the output format its reply must have (`SamplingParams.output_format`; None: free text).
+    Temperature, top_p and the seed stay the member's."""
+
+    max_tokens: int | None = None
+    output_format: str | None = None
 
 
 class Request(NamedTuple):
-    """One pool request: member index, role (selects the role's max_tokens cap), store key, messages."""
+    """One pool request (`Pool.request`): member index, the caller's label (recorded with the response, never
+    read), store key, messages, and the sampling it is asked with."""
 
     idx: int
-    role: str | None
+    label: str | None
     key: str
     messages: Sequence[ChatMessage]
+    sampling: SamplingParams
 
 
 class Executor(Protocol):
@@ -99,7 +108,7 @@ class InProcessExecutor:
 
     async def expand(self, pool: "Pool", requests: Sequence[Request]) -> AsyncIterator[tuple[int, ChatResponse]]:
         async def one(j: int, r: Request):
-            return j, await pool.members[r.idx].chat(r.messages, pool.sampling(r.idx, r.role))
+            return j, await pool.members[r.idx].chat(r.messages, r.sampling)
 
         for fut in asyncio.as_completed([one(j, r) for j, r in enumerate(requests)]):
             yield await fut
@@ -116,19 +125,17 @@ class Pool:
     per HTTP member, no pool-wide cap)."""
 
     def __init__(self, members: Sequence[ChatModel], settings: Sequence[PoolMember], store: Store | None,
-                 role_max_tokens: dict[str, int] | None = None, executor: Executor | None = None,
-                 limits: ConcurrencyLimits | None = None):
+                 executor: Executor | None = None, limits: ConcurrencyLimits | None = None):
         if len(members) != len(settings):
             raise ValueError("one PoolMember setting per member")
         self.members = list(members)
         self.settings = list(settings)
         self.store = store
         self.stats = PoolStats()
-        self.role_max_tokens = dict(role_max_tokens or {})
         self._executor: Executor = executor or InProcessExecutor()
         self.limits = limits if limits is not None else ConcurrencyLimits(None, self.settings)
         self._inflight: dict[str, asyncio.Future] = {}
-        self._sampling: dict[tuple[int, str | None], SamplingParams] = {}
+        self._sampling: dict[tuple[int, Ask], SamplingParams] = {}
         self._names: list[str] = [m.name for m in self.members]
         self._caller: contextvars.ContextVar[_Caller] = contextvars.ContextVar(f"pool-caller-{id(self)}",
                                                                                default=_Caller())
@@ -148,53 +155,47 @@ class Pool:
     def __len__(self) -> int:
         return len(self.members)
 
-    def sampling(self, idx: int, role: str | None = None) -> SamplingParams:
-        """A member's sampling settings in `role`: the role's max_tokens cap, and for a Verifier the "verdict"
-        output format (its reply must end with the verdict field; the member constrains it where it can)."""
-        sp = self._sampling.get((idx, role))
+    def sampling(self, idx: int, ask: Ask | SamplingParams = Ask()) -> SamplingParams:
+        """Member `idx`'s sampling settings under what the caller asks: its temperature and top_p, seed 0, its
+        max_tokens capped at `ask.max_tokens`, and `ask.output_format`. A ready `SamplingParams` is taken as is."""
+        if isinstance(ask, SamplingParams):
+            return ask
+        sp = self._sampling.get((idx, ask))
         if sp is None:
-            s = self.settings[idx]
-            cap = self.role_max_tokens.get(role or "")
-            sp = self._sampling[(idx, role)] = SamplingParams(
+            s, cap = self.settings[idx], ask.max_tokens
+            sp = self._sampling[(idx, ask)] = SamplingParams(
                 temperature=s.temperature, top_p=s.top_p, max_tokens=min(s.max_tokens, cap) if cap else s.max_tokens,
-                seed=0, output_format=ROLE_OUTPUT_FORMAT.get(role or ""))
+                seed=0, output_format=ask.output_format)
         return sp
 
-    def answers_capped(self, max_tokens: int) -> "Pool":
-        """This pool with every answer capped at `max_tokens` completion tokens: Worker turns and direct calls
-        (role None); Thinker and Verifier turns keep their own caps, and a member's own lower cap still applies.
-        Members, store, limits, executor, in-flight calls, stats and observers are shared; only the sampling of
-        the capped requests (and so their store keys) differs. Serving honours a client's `max_tokens` with it."""
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        view = copy.copy(self)
-        caps = dict(self.role_max_tokens)
-        for role in ("worker", ""):
-            caps[role] = min(caps.get(role, max_tokens), max_tokens)
-        view.role_max_tokens, view._sampling = caps, {}
-        return view
-
-    def signature(self) -> tuple:
-        """What the response keys of this pool depend on: member names, model ids, what else shapes each
-        member's replies (`request_identity` of an empty request, per role), and per-role sampling."""
-        roles = (None, "thinker", "worker", "verifier")
-        return tuple((m.name, m.model_id, tuple(repr(self._identity(i, (), self.sampling(i, r))) for r in roles),
-                      tuple(self.sampling(i, r) for r in roles))
+    def signature(self, asks: Sequence[Ask]) -> tuple:
+        """What the response keys of requests asking `asks` depend on: member names, model ids, what else shapes
+        each member's replies (`request_identity` of an empty request, per ask), and the sampling of each ask."""
+        return tuple((m.name, m.model_id, tuple(repr(self._identity(i, (), self.sampling(i, a))) for a in asks),
+                      tuple(self.sampling(i, a) for a in asks))
                      for i, m in enumerate(self.members))
 
     def _identity(self, idx: int, messages: Sequence[ChatMessage], sampling: SamplingParams) -> dict | None:
         identity = getattr(self.members[idx], "request_identity", None)
         return identity(messages, sampling) if identity is not None else None
 
-    def key(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> str:
-        """The response-store key of a request: model id, messages, sampling, and whatever else the member
-        says shapes its reply (`request_identity`: a local member's file hash, rendered prompt, context, the
-        grammar or response_format of a constrained output format...)."""
-        sampling = self.sampling(idx, role)
-        return response_key(self.members[idx].model_id, messages, sampling, self._identity(idx, messages, sampling))
+    def request(self, idx: int, messages: Sequence[ChatMessage], ask: Ask | SamplingParams = Ask(),
+                label: str | None = None) -> Request:
+        """The request of `messages` to member `idx` under `ask` (`sampling`), keyed for the response store: model
+        id, messages, sampling, and whatever else the member says shapes its reply (`request_identity`: a local
+        member's file hash, rendered prompt, context, the grammar or response_format of a constrained output
+        format...). `label` is recorded with the response (`Store.put_response`) and shapes nothing."""
+        sampling = self.sampling(idx, ask)
+        key = response_key(self.members[idx].model_id, messages, sampling, self._identity(idx, messages, sampling))
+        return Request(idx, label, key, messages, sampling)
 
-    async def complete(self, idx: int, messages: Sequence[ChatMessage], role: str | None = None) -> ChatResponse:
-        return (await self.complete_many([Request(idx, role, self.key(idx, messages, role), messages)]))[0]
+    def key(self, idx: int, messages: Sequence[ChatMessage], ask: Ask | SamplingParams = Ask()) -> str:
+        """The response-store key of `request(idx, messages, ask)`."""
+        return self.request(idx, messages, ask).key
+
+    async def complete(self, idx: int, messages: Sequence[ChatMessage], ask: Ask | SamplingParams = Ask(),
+                       label: str | None = None) -> ChatResponse:
+        return (await self.complete_many([self.request(idx, messages, ask, label)]))[0]
 
     @contextlib.contextmanager
     def observe(self, on_reply: OnReply) -> Iterator[None]:
@@ -276,7 +277,7 @@ class Pool:
         if replay_only():
             r = todo[0]
             raise ReplayMiss(f"replay ({REPLAY_ENV}=1): {len(todo)} request(s) not in the store, e.g. "
-                             f"{self.names[r.idx]} as {r.role or 'direct'} (key {r.key[:16]}): the imported segments "
+                             f"{self.names[r.idx]} as {r.label or 'direct'} (key {r.key[:16]}): the imported segments "
                              f"do not hold the run being replayed, or the code or settings changed what it asks")
         loop = asyncio.get_running_loop()
         progress = _BatchProgress(len(todo), self.stats)
@@ -315,7 +316,7 @@ class Pool:
         for stats in (self.stats, *tallies):
             stats.count_call(member.name, resp)
         if self.store is not None:
-            self.store.put_response(r.key, member.model_id, r.role, r.messages, self.sampling(r.idx, r.role), resp)
+            self.store.put_response(r.key, member.model_id, r.label, r.messages, r.sampling, resp)
         return resp
 
 
@@ -394,10 +395,9 @@ def build_members(pool: PoolSettings, limits: ConcurrencyLimits | None = None) -
     return members
 
 
-def build_pool(pool: PoolSettings, store: Store | None, role_max_tokens: dict[str, int] | None = None,
-               executor: Executor | None = None) -> Pool:
+def build_pool(pool: PoolSettings, store: Store | None, executor: Executor | None = None) -> Pool:
     """The pool of `pool`'s members over `store`. executor: what runs never-seen requests (default: in process;
-    `trinity.evolve.engine.executor_for` picks the task runner of `evolve.task_runner`)."""
+    `trinity.pool.task_runner.executor_for` picks the task runner of `pool.task_runner`)."""
     pool = with_thread_budget(pool)  # the settings a task runner's workers get name the threads too
     limits = ConcurrencyLimits(pool.max_concurrency, pool.members)
-    return Pool(build_members(pool, limits), pool.members, store, role_max_tokens, executor, limits)
+    return Pool(build_members(pool, limits), pool.members, store, executor, limits)

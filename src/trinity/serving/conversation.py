@@ -256,6 +256,7 @@ class Coordinator:
         (`Policy.check`: a `policy.CheckpointError` when it does not fit them). `trace_retention_days`: how long the
         served conversations are kept in the store's `traces` table (0: forever; None: TRINITY_TRACE_RETENTION_DAYS,
         and forever when that is unset)."""
+        from trinity.coordinator.role_sampling import RoleSampling
         from trinity.pool.runtime import build_pool
         from trinity.serving.traces import TraceLog, retention_days_from_env
 
@@ -263,7 +264,8 @@ class Coordinator:
         self.settings = settings
         self.store = store
         self.checkpoint = checkpoint
-        self.pool = pool if pool is not None else build_pool(settings.pool, store, policy.role_caps(settings))
+        self.pool = pool if pool is not None else build_pool(settings.pool, store)
+        self.role_sampling = RoleSampling.of(settings)
         self.encoder = encoder if encoder is not None else policy.make_encoder(settings)
         checkpoint.check(settings, self.encoder)
         self.states = checkpoint.states(self.encoder, store)
@@ -272,8 +274,8 @@ class Coordinator:
         self.checkpoint_path = str(checkpoint.path)
         self.checkpoint_id = stable_hash({
             "params": hashlib.sha256(np.ascontiguousarray(checkpoint.params, dtype=np.float64).tobytes()).hexdigest(),
-            "features": checkpoint.meta.get("features"), "encoder": self.encoder.encoder_id,
-            "pool": repr(self.pool.signature()), "coordinator": settings.coordinator.model_dump()})[:16]
+            "features": checkpoint.meta.features, "encoder": self.encoder.encoder_id,
+            "pool": repr(self.role_sampling.signature(self.pool)), "coordinator": settings.coordinator.model_dump()})[:16]
         if trace_retention_days is None:
             trace_retention_days = retention_days_from_env()
         self.traces = TraceLog(store, retention_days=trace_retention_days)  # pruned now and on each save
@@ -325,9 +327,10 @@ class Coordinator:
             ident["max_tokens"] = max_tokens
         return "ep-" + stable_hash(ident)[:16]
 
-    def _pool_for(self, max_tokens: int | None):
-        """The pool, or its view with every answer capped at `max_tokens` (`Pool.answers_capped`)."""
-        return self.pool if max_tokens is None else self.pool.answers_capped(max_tokens)
+    def _role_sampling_for(self, max_tokens: int | None):
+        """What each role asks of a member, with every answer capped at `max_tokens` when it is set
+        (`RoleSampling.answers_capped`)."""
+        return self.role_sampling if max_tokens is None else self.role_sampling.answers_capped(max_tokens)
 
     async def answer(self, task: Task, on_turn: Callable[[TurnRecord], None] | None = None,
                      max_tokens: int | None = None, stop: StopSignal | None = None) -> EpisodeResult:
@@ -341,11 +344,10 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         records: list[TurnRecord] = []
-        pool = self._pool_for(max_tokens)
+        pool, role_sampling = self.pool, self._role_sampling_for(max_tokens)
 
         def on_reply(r: Request, resp: ChatResponse, stored: bool) -> None:  # on the episode's thread
-            rec = TurnRecord.of(len(records), pool.names[r.idx], r.role, resp, stored,
-                                pool.sampling(r.idx, r.role).max_tokens)
+            rec = TurnRecord.of(len(records), pool.names[r.idx], r.label, resp, stored, r.sampling.max_tokens)
             records.append(rec)
             if on_turn is not None:
                 loop.call_soon_threadsafe(on_turn, rec)
@@ -358,7 +360,8 @@ class Coordinator:
                 asyncio.run(play_episodes([ep], [self.head], pool, states, self.settings.coordinator.max_turns,
                                           self.settings.reward, _ungraded, adapters=self.adapters,
                                           roles=allowed_roles(self.settings.coordinator),
-                                          answer_rule=self.settings.coordinator.answer_rule))
+                                          answer_rule=self.settings.coordinator.answer_rule,
+                                          role_sampling=role_sampling))
 
         cancelled = None
         try:
@@ -382,11 +385,11 @@ class Coordinator:
         idx = self.member_index(name)
         if idx is None:
             raise KeyError(name)
-        pool = self._pool_for(max_tokens)
-        cap = pool.sampling(idx).max_tokens
+        request = self._role_sampling_for(max_tokens).request(self.pool, idx, messages, None)  # a direct call
         turns: list[TurnRecord] = []
-        with pool.observe(lambda r, resp, stored: turns.append(TurnRecord.of(0, name, None, resp, stored, cap))):
-            await pool.complete(idx, messages)
+        with self.pool.observe(lambda r, resp, stored: turns.append(
+                TurnRecord.of(0, name, None, resp, stored, request.sampling.max_tokens))):
+            await self.pool.complete_many([request])
         return turns[0]
 
 

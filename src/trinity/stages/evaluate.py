@@ -43,6 +43,7 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
     from trinity.grading.judge import MTBenchJudge, judge_pool, load_judge_prompts
     from trinity.pool.members import check_pool_config
     from trinity.pool.runtime import build_pool
+    from trinity.pool.task_runner import executor_for, run_expanding
     from trinity.store import Store
 
     # Everything that can be wrong is checked before the first model call.
@@ -74,15 +75,17 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
         router.check(router_settings(settings), encoder)
     ev = settings.evaluate
     with Store(paths.store) as store:
-        pool = build_pool(settings.pool, store, policy.role_caps(settings))
+        pool = build_pool(settings.pool, store, executor=executor_for(settings.pool))
         judge = None
         if judged:
             if judge_in_pool:  # the pool's own member, with its share of the cores: one server for both
                 judge_settings = next(m for m in pool.settings if m.name == judge_settings.name)
             judge = MTBenchJudge(judge_pool(judge_settings, ev.judge_max_tokens, store, settings.pool.max_concurrency),
                                  prompts)
-        run = run_eval(settings, trained.params, tasks, pool, trained.states(encoder, store), grade, judge=judge,
-                       router=None if router is None else (router.params, router.states(encoder, store)))
+        run = run_expanding(lambda: run_eval(
+            settings, trained.params, tasks, pool, trained.states(encoder, store), grade, judge=judge,
+            router=None if router is None else (router.params, router.states(encoder, store))),
+            settings.pool, pool, name="trinity-expand-evaluate")
         judge_info = None
         if judge is not None:
             judge_info = {"name": judge_settings.name, "model_id": judge.pool.members[0].model_id,
@@ -94,10 +97,10 @@ def run(settings: Settings, paths: Paths = Paths(), tracker=None) -> dict:
             "judge": judge_info,
             "seeds": {"data": settings.data.seed, "evolve": settings.evolve.seed, "evaluate": ev.seed,
                       "random_routing": ev.random_routing_seed},
-            "checkpoint": {k: trained.meta.get(k) for k in ("run_fingerprint", "code_version", "method",
+            "checkpoint": {k: getattr(trained.meta, k) for k in ("run_fingerprint", "code_version", "method",
                                                             "generations", "params_hash")},
             "router_checkpoint": None if router is None else {
-                k: router.meta.get(k) for k in ("run_fingerprint", "code_version", "method", "generations",
+                k: getattr(router.meta, k) for k in ("run_fingerprint", "code_version", "method", "generations",
                                                 "params_hash", "saved_fitness")},
             "eval_code_version": code_version(),
             "pool": [{"name": m.name, "model_id": m.model_id} for m in pool.members],
@@ -135,7 +138,8 @@ def _raise_on_outages(items) -> None:
     how many, by which members, and that a rerun asks only those calls again (every other reply is stored)."""
     from collections import Counter
 
-    from trinity.coordinator.episode import OutageError, is_outage
+    from trinity.coordinator.episode import OutageError
+    from trinity.coordinator.rollout import is_outage
 
     out = [it for it in items if it.unscored_by_outage]
     if not out:

@@ -61,14 +61,14 @@ def _outage_note(rec) -> str:
 
 def _train(settings: Settings, train, pool, states, store, *, resume_path: Path, run_id: str, on_generation,
            trees=None, validation=()):
-    """The training loop of `settings.evolve.method`, its never-seen nodes expanded on the configured engine."""
-    from trinity.evolve.engine import run_expanding
+    """The training loop of `settings.evolve.method`, its never-seen nodes expanded where `pool.task_runner` says."""
     from trinity.evolve.loop import evolve as run_es
+    from trinity.pool.task_runner import run_expanding
 
     return run_expanding(
         lambda: run_es(settings, train, pool, states, grade, resume_path=resume_path, on_generation=on_generation,
                        run_id=run_id, store=store, trees=trees, validation=validation),
-        settings, pool, name=f"trinity-expand-{settings.evolve.method.replace('_', '-')}")
+        settings.pool, pool, name=f"trinity-expand-{settings.evolve.method.replace('_', '-')}")
 
 
 def _reset_adapter(states, layout) -> None:
@@ -86,11 +86,12 @@ def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, chec
     """Train a head on the train split with `settings` (resumable: the run state is data/store/<name>_state.pkl)
     and write its checkpoint (`checkpoint`.{npy,json}) and `out_dir`/{history,metrics}.json."""
     from trinity.code_version import code_version
+    from trinity.coordinator.checkpoint_meta import CheckpointMeta, CheckpointMember
     from trinity.coordinator.episode import StateCache
     from trinity.coordinator.features import features_json
     from trinity.evolve.loop import saved_fitness_episodes
     from trinity.pool.members import check_pool_config
-    from trinity.evolve.engine import executor_for
+    from trinity.pool.task_runner import executor_for
     from trinity.pool.runtime import build_pool
     from trinity.store import Store
 
@@ -103,7 +104,7 @@ def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, chec
     resume = paths.data / "store" / f"{name}_state.pkl"
     resume.parent.mkdir(parents=True, exist_ok=True)
     with Store(paths.store) as store:
-        pool = build_pool(settings.pool, store, policy.role_caps(settings), executor=executor_for(settings.evolve))
+        pool = build_pool(settings.pool, store, executor=executor_for(settings.pool))
         states = StateCache(encoder, store)
         result = _train(settings, train, pool, states, store, resume_path=resume,
                         run_id=run_id(settings, name),
@@ -111,23 +112,23 @@ def train_and_save(settings: Settings, paths: Paths, tracker, *, name: str, chec
                         validation=splits.validation)
         layout = result.layout
         _reset_adapter(states, layout)
-        meta = {
-            "pool": [{"name": m.name, "model_id": m.model_id} for m in pool.members],
-            "code_version": code_version(), "run_fingerprint": result.fingerprint,
-            "encoder": encoder.encoder_id, "dim": int(states.dim), **layout.describe(),
-            "svf_layer": settings.coordinator.svf_layer, "method": settings.evolve.method,
-            "features": features_json(result.features),
-            "seed": settings.evolve.seed, "params_hash": settings.params_hash(),
-            "params_file": settings.source_path, "generations": settings.evolve.generations,
-            "saved_fitness": result.saved_fitness,
-            "saved_accuracy": result.history[-1].saved_accuracy if result.history else None,
-            "saved_fitness_episodes": len(saved_fitness_episodes(settings, train)),
-            "best_candidate_fitness": result.best_candidate_fitness,
-            "final_mean_fitness": result.history[-1].mean_fitness if result.history else None,
-            "train_tasks": [t.id for t in train],
-            "validation_tasks": [t.id for t in splits.validation],
-            "selection": result.selection,
-        }
+        meta = CheckpointMeta(
+            pool=[CheckpointMember(name=m.name, model_id=m.model_id) for m in pool.members],
+            code_version=code_version(), run_fingerprint=result.fingerprint,
+            encoder=encoder.encoder_id, dim=int(states.dim), **layout.describe(),
+            svf_layer=settings.coordinator.svf_layer, method=settings.evolve.method,
+            features=features_json(result.features),
+            seed=settings.evolve.seed, params_hash=settings.params_hash(),
+            params_file=settings.source_path, generations=settings.evolve.generations,
+            saved_fitness=result.saved_fitness,
+            saved_accuracy=result.history[-1].saved_accuracy if result.history else None,
+            saved_fitness_episodes=len(saved_fitness_episodes(settings, train)),
+            best_candidate_fitness=result.best_candidate_fitness,
+            final_mean_fitness=result.history[-1].mean_fitness if result.history else None,
+            train_tasks=[t.id for t in train],
+            validation_tasks=[t.id for t in splits.validation],
+            selection=result.selection,
+        )
         policy.save_checkpoint(checkpoint, result.params, meta)
         history = [asdict(r) for r in result.history]
         write_json(out_dir / "history.json", history)

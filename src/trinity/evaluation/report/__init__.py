@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trinity.coordinator.checkpoint_meta import CheckpointMeta
 from trinity.evaluation.report.format import ordered_benchmarks
 from trinity.evaluation.report.plots import (DPI, PLOTS, PNG_METADATA, fitness_figure, score_vs_compute_figure,
                                              scores_figure, usage_counts, usage_figure)
@@ -45,9 +46,9 @@ def write_report(eval_dir: Path, evolve_dir: Path, checkpoint_meta: Path, report
     results = EvalResults.read(_require(Path(eval_dir) / "results.json", "evaluate"))
     episodes = _read_jsonl(Path(eval_dir) / "episodes.jsonl", "evaluate")
     history = _read_json(Path(evolve_dir) / "history.json", "evolve")
-    meta = _read_json(Path(checkpoint_meta), "evolve")
+    meta = CheckpointMeta.from_json(_read_json(Path(checkpoint_meta), "evolve"), str(checkpoint_meta))
 
-    pool_names = [p["name"] for p in meta["pool"]]
+    pool_names = meta.pool_names
     figures = {"scores": scores_figure(results),
                "usage": usage_figure(usage_counts(episodes, pool_names), pool_names, ordered_benchmarks(results)),
                "fitness": fitness_figure(history),

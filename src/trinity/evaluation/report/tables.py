@@ -3,6 +3,7 @@ comparisons per benchmark and pooled per split with a plain-language reading (wr
 judge, what training never saw, and the evolution table."""
 from __future__ import annotations
 
+from trinity.coordinator.checkpoint_meta import CheckpointMeta
 from trinity.evaluation.report.format import (NO_VALUE, SMALL_SAMPLE_MARK, SPLITS, benchmark_columns, cell_of,
                                               fixed, method_label, ordered_benchmarks, ordered_methods,
                                               small_sample_below, score_text)
@@ -33,37 +34,38 @@ def _score_cell(entry: Cell, scale: float) -> str:
 # ------------------------------------------------------------------------------------------ setup
 
 
-def _param_sentence(meta: dict) -> str:
-    rows, d = meta["head_shape"]
+def _param_sentence(meta: CheckpointMeta) -> str:
+    rows, d = meta.head_shape
     head = f"head {rows} x {d} = {rows * d} parameters"
-    n_svf = meta.get("svf_params") or 0
+    n_svf = meta.svf_params or 0
     if not n_svf:
         return head
-    return (f"{head} + {n_svf} SVF scales of encoder block {meta.get('svf_layer')} (one per singular value of "
-            f"each of its linear layers) = {meta['n_params']} parameters")
+    return (f"{head} + {n_svf} SVF scales of encoder block {meta.svf_layer} (one per singular value of "
+            f"each of its linear layers) = {meta.n_params} parameters")
 
 
-def _setup_paragraph(results: EvalResults, meta: dict) -> list[str]:
+def _setup_paragraph(results: EvalResults, meta: CheckpointMeta) -> list[str]:
     benchmarks = ordered_benchmarks(results)
     sizes = "; ".join(
         f"{label}: " + ", ".join(f"{b.name} {b.n}" for b in benchmarks if b.split_key == key)
         for key, label, _ in SPLITS if any(b.split_key == key for b in benchmarks))
     never = results.never_trained_on
-    training_items = len(meta["train_tasks"]) if "train_tasks" in meta else never.training_items if never else None
+    training_items = (len(meta.train_tasks) if meta.train_tasks is not None else never.training_items if never
+                      else None)
     training_sources = (f" ({', '.join(never.training_sources)})" if never and never.training_sources else "")
     seeds = ", ".join(f"{name} {value}" for name, value in results.seeds.items()) or "not recorded"
-    optimiser = OPTIMISER_NAMES.get(meta.get("method"), meta.get("method"))
+    optimiser = OPTIMISER_NAMES.get(meta.method, meta.method)
     paragraph = (
-        f"Pool: {', '.join(p['name'] for p in meta['pool'])}. Items per benchmark — {sizes} "
+        f"Pool: {', '.join(meta.pool_names)}. Items per benchmark — {sizes} "
         f"({results.n_items} in all); the coordinator trained on {training_items} items{training_sources}. "
         f"Seeds: {seeds}. "
-        f"Checkpoint `{meta['run_fingerprint'][:12]}` (code `{meta['code_version'][:8]}`): {meta['generations']} "
-        f"generations of {optimiser} (seed {meta['seed']}), encoder `{meta['encoder']}`, {_param_sentence(meta)}.")
+        f"Checkpoint `{meta.run_fingerprint[:12]}` (code `{meta.code_version[:8]}`): {meta.generations} "
+        f"generations of {optimiser} (seed {meta.seed}), encoder `{meta.encoder}`, {_param_sentence(meta)}.")
     lines = [paragraph]
     evaluated = results.checkpoint.run_fingerprint if results.checkpoint else None
-    if evaluated and evaluated != meta["run_fingerprint"]:
+    if evaluated and evaluated != meta.run_fingerprint:
         lines += ["", f"**Warning:** results.json was evaluated with checkpoint `{evaluated[:12]}`, not the "
-                      f"checkpoint described here (`{meta['run_fingerprint'][:12]}`): rerun the evaluate stage."]
+                      f"checkpoint described here (`{meta.run_fingerprint[:12]}`): rerun the evaluate stage."]
     return lines
 
 
@@ -324,21 +326,21 @@ EVOLUTION_COLUMNS = (("generation", "generation", 0), ("saved_fitness", "CMA mea
 """(key of a history.json row, column label, decimals; 0 = printed as is)."""
 
 
-def _evolution_section(meta: dict, history: list[dict]) -> list[str]:
+def _evolution_section(meta: CheckpointMeta, history: list[dict]) -> list[str]:
     lines = ["## Evolution", "",
              f"CMA mean = the optimiser's answer after that generation (the distribution mean), scored on the same "
-             f"{meta.get('saved_fitness_episodes', '?')} sampled training episodes every generation (the training "
+             f"{'?' if meta.saved_fitness_episodes is None else meta.saved_fitness_episodes} sampled training episodes every generation (the training "
              f"curve); with a validation slice, the run saves the best vector there instead (below). Candidates = that generation's sampled population on its minibatch; their best is a "
              f"noisy maximum, not the saved vector's score.", ""]
-    sel = meta.get("selection")
+    sel = meta.selection
     if sel:
-        verdict = ("the coordinator beats it" if sel["beats_best_member"] else
+        verdict = ("the coordinator beats it" if sel.beats_best_member else
                    "**the coordinator does not beat it** (equal or worse on validation)")
-        lines += [f"Selection on validation ({sel['items']} items of the training benchmarks, in neither training nor "
-                  f"evaluation; start: {sel.get('warm_start', 'none')}): the saved coordinator is the "
-                  f"{sel['selected_from']} vector, {sel['selected']:.3f} on validation; the best member alone "
-                  f"({sel['best_member']}) scores {sel['best_member_score']:.3f} there: {verdict}. Members alone: "
-                  + ", ".join(f"{k} {v:.3f}" for k, v in sel["members"].items()) + ".", ""]
+        lines += [f"Selection on validation ({sel.items} items of the training benchmarks, in neither training nor "
+                  f"evaluation; start: {sel.warm_start}): the saved coordinator is the "
+                  f"{sel.selected_from} vector, {sel.selected:.3f} on validation; the best member alone "
+                  f"({sel.best_member}) scores {sel.best_member_score:.3f} there: {verdict}. Members alone: "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in sel.members.items()) + ".", ""]
     if not history:
         return lines + ["No generations recorded (history.json is empty).", ""]
     columns = [c for c in EVOLUTION_COLUMNS  # validation columns only for a run with a validation slice
@@ -381,7 +383,7 @@ def no_answer_section(results: EvalResults, episodes: list[dict]) -> list[str]:
     return lines + _table(["method", *benchmarks], rows) + [""]
 
 
-def summary_markdown(results: EvalResults, meta: dict, history: list[dict], episodes: list[dict] | None = None) -> str:
+def summary_markdown(results: EvalResults, meta: CheckpointMeta, history: list[dict], episodes: list[dict] | None = None) -> str:
     lines = ["# Trinity — evaluation", ""]
     lines += _setup_paragraph(results, meta) + [""]
     lines += main_table(results) + ["", _main_table_notes(results), ""]
