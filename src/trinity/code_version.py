@@ -92,6 +92,9 @@ COMPATIBLE_REFACTORS: dict[str, str] = {
     # (play_episodes asks it what a pick may be and when an episode ends; the same draws); the checkpoint's metadata
     # a typed record (the same JSON). Every key, request body and pinned episode compared old vs new; replayed.
     "cec286eeeace55cf": "e564999f6df6571c",
+    # issue 40: the step rule gives a whole turn's role masks at once (`StepRule.role_masks`: the loop's np.tile
+    # again, as before the rule moved); the same masks (tests/unit/test_rollout.py, the pinned episodes).
+    "56c59a86a85e5c19": "cec286eeeace55cf",
 }
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
 

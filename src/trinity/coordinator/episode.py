@@ -331,7 +331,7 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
         Z = np.empty((len(active), n_models + 3))
         for c, ix in by_candidate.items():
             Z[ix] = H64[ix] @ np.asarray(heads[c], dtype=np.float64).T
-        role_allowed = np.stack([rule.role_mask(e.turns) for e in active])  # no Verifier before an answer
+        role_allowed = rule.role_masks([e.turns for e in active])  # no Verifier before an answer
         P_model, P_role = softmax(Z[:, :n_models]), softmax(np.where(role_allowed, Z[:, n_models:], -np.inf))
         requests, asked = [], []
         for i, e in enumerate(active):

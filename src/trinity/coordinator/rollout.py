@@ -24,7 +24,7 @@ an edge leads to), so it walks a tree held anywhere: the response store (the dia
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -59,14 +59,18 @@ class StepRule:
         if Role.WORKER not in self.roles:
             raise ValueError(f"coordinator roles {[r.value for r in self.roles]} lack worker: no episode could "
                              f"answer")
+        object.__setattr__(self, "_allowed", np.array([r in self.roles for r in ROLES]))
 
     def role_mask(self, turns: tuple[Turn, ...]) -> np.ndarray:
         """The roles the head's role draw may take after `turns`, a boolean per `ROLES`: the coordinator's roles,
         without the Verifier while there is no answer."""
-        mask = np.array([r in self.roles for r in ROLES])
-        if latest_answer(turns) is None:
-            mask[_VERIFIER] = False
-        return mask
+        return self.role_masks([turns])[0]
+
+    def role_masks(self, transcripts: Sequence[tuple[Turn, ...]]) -> np.ndarray:
+        """`role_mask` of each transcript, one row each (the episode loop asks for a whole turn's at once)."""
+        masks = np.tile(self._allowed, (len(transcripts), 1))
+        masks[[latest_answer(turns) is None for turns in transcripts], _VERIFIER] = False
+        return masks
 
     def forced_role(self, turns: tuple[Turn, ...]) -> Role | None:
         """The role the next pick takes whatever the head draws: the suggestion of a Thinker's turn just played
