@@ -105,18 +105,20 @@ class StoredRun:
         from trinity.coordinator.policy import Policy
         from trinity.coordinator.role_sampling import RoleSampling
         from trinity.coordinator.roles import allowed_roles
+        from trinity.data.splits import load_tasks
         from trinity.pool.runtime import build_pool
         from trinity.records import Task
-        from trinity.stages.paths import Paths
+        from trinity.stages.paths import SPLIT_FILES, Paths
         from trinity.store import Store
 
         self.root = root
+        paths = Paths(root)
         self.settings = load_settings(root / "params.yaml")
         co = self.settings.coordinator
         self.max_turns = co.max_turns
         self.rule = StepRule(co.max_turns, allowed_roles(co), co.answer_rule, stop_on_outage=True)
         self.rw = self.settings.reward
-        policy = Policy.load(root / "data/checkpoints/coordinator")
+        policy = Policy.load(paths.checkpoint)
         policy.check(self.settings)
         self.params, self.meta, self.features = policy.params, policy.meta, policy.features
         self.enc_id = self.meta.encoder
@@ -130,14 +132,12 @@ class StoredRun:
         self.tasks: dict[str, Task] = {}
         self.split_of: dict[str, str] = {}
         for split in ("train", "in_distribution", "heldout"):
-            for line in (root / f"data/prepared/{split}.jsonl").read_text().splitlines():
-                if line.strip():
-                    t = Task.from_json(json.loads(line))
-                    self.tasks[t.id] = t
-                    self.split_of[t.id] = split
+            for t in load_tasks(paths.prepared / SPLIT_FILES[split]):
+                self.tasks[t.id] = t
+                self.split_of[t.id] = split
         self.train = [self.tasks[i] for i in self.meta.train_tasks]
 
-        self.store = Store(Paths(root).store, read_only=True)
+        self.store = Store(paths.store, read_only=True)
         self.pool = StoredPool(build_pool(self.settings.pool, self.store))
         self.role_sampling = RoleSampling.of(self.settings)  # what each role asked in the run
         self.memo = RolloutTrees()  # the loop's own request memo: role messages and store keys
@@ -150,12 +150,12 @@ class StoredRun:
         self.all_states = self.store.get_states(self.enc_id, self.all_state_keys)
         self.other_encoder_states = con.execute(
             "SELECT count(*) FROM states WHERE encoder_id <> ?", [self.enc_id]).fetchone()[0]
-        rt = pq.read_table(root / "data/encode/root_states.parquet").to_pydict()
+        rt = pq.read_table(paths.encoded / "root_states.parquet").to_pydict()
         self.root_states = {tid: np.asarray(s, dtype=np.float64) for tid, s in zip(rt["task_id"], rt["state"])}
         self.root_keys = dict(zip(rt["task_id"], rt["key"]))
-        self.eval_rows = [json.loads(x) for x in (root / "data/eval/episodes.jsonl").read_text().splitlines()
+        self.eval_rows = [json.loads(x) for x in (paths.eval_dir / "episodes.jsonl").read_text().splitlines()
                           if x.strip()]
-        self.history = json.loads((root / "data/evolve/history.json").read_text())
+        self.history = json.loads((paths.evolve_dir / "history.json").read_text())
         self.runs = con.execute("SELECT run_id, count(*), min(generation), max(generation) FROM episodes GROUP BY 1 "
                                 "ORDER BY 1").fetchall()
         cv = self.meta.code_version or ""
