@@ -95,6 +95,10 @@ COMPATIBLE_REFACTORS: dict[str, str] = {
     # issue 40: the step rule gives a whole turn's role masks at once (`StepRule.role_masks`: the loop's np.tile
     # again, as before the rule moved); the same masks (tests/unit/test_rollout.py, the pinned episodes).
     "56c59a86a85e5c19": "cec286eeeace55cf",
+    # issue 40's second read: the loop and the exact path enumerator take their pick distributions from one function
+    # (head.pick_probs: the same softmax of the same logits), and settings and checkpoint metadata name their
+    # validation errors through one formatter (config.validation_problems). Same draws, keys and scores.
+    "ca53125be984e360": "56c59a86a85e5c19",
 }
 """Declared-compatible code versions: {new version: version it behaves like}. See the module doc."""
 

@@ -393,14 +393,22 @@ def load_settings(path: str | os.PathLike = "params.yaml") -> Settings:
     try:
         return Settings.model_validate({**raw, "source_path": str(path)})
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "<top level>"
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            else:
-                msg = err["msg"]
-                if "input" in err and not isinstance(err["input"], dict):
-                    msg += f" (got {err['input']!r})"
-            lines.append(f"  {key}: {msg}")
+        lines = [f"  {problem}" for problem in validation_problems(e)]
         raise ConfigError(f"{path}: invalid settings\n" + "\n".join(lines)) from None
+
+
+def validation_problems(e: ValidationError) -> list[str]:
+    """Each error of a pydantic validation as "dotted.key: what is wrong": "unknown key" for a key the record does
+    not have, else pydantic's message and the value given (when it is no mapping). The settings and every file the
+    code both writes and reads (a checkpoint's metadata) name their errors this way."""
+    problems = []
+    for err in e.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<top level>"
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        else:
+            msg = err["msg"]
+            if "input" in err and not isinstance(err["input"], dict):
+                msg += f" (got {err['input']!r})"
+        problems.append(f"{key}: {msg}")
+    return problems

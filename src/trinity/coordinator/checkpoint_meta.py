@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from trinity.config import validation_problems
+
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -102,7 +104,4 @@ class CheckpointMeta(_Record):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '<top level>'}: "
-                                 f"{'unknown field' if err['type'] == 'extra_forbidden' else err['msg']}"
-                                 for err in e.errors())
-            raise ValueError(f"{where}: not a checkpoint's metadata ({problems})") from None
+            raise ValueError(f"{where}: not a checkpoint's metadata ({'; '.join(validation_problems(e))})") from None

@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from trinity.config import RewardSettings
-from trinity.coordinator.head import softmax
+from trinity.coordinator.head import pick_probs
 from trinity.coordinator.role_sampling import RoleSampling
 from trinity.coordinator.roles import ROLES, Role, Turn, coordinator_text, returned_answer, role_messages, turn_of
 from trinity.coordinator.rollout import StepRule, is_outage
@@ -332,7 +332,7 @@ async def play_episodes(episodes: Sequence[Episode], heads: Sequence[np.ndarray]
         for c, ix in by_candidate.items():
             Z[ix] = H64[ix] @ np.asarray(heads[c], dtype=np.float64).T
         role_allowed = rule.role_masks([e.turns for e in active])  # no Verifier before an answer
-        P_model, P_role = softmax(Z[:, :n_models]), softmax(np.where(role_allowed, Z[:, n_models:], -np.inf))
+        P_model, P_role = pick_probs(Z, n_models, role_allowed)
         requests, asked = [], []
         for i, e in enumerate(active):
             m, r = pick(e.rng, P_model[i], P_role[i])

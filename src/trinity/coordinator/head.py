@@ -33,10 +33,16 @@ def softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def pick_probs(z: np.ndarray, n_models: int, role_allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Model and role distributions from the head's logits z (..., L+3): a softmax over the L members, and one over
+    the roles `role_allowed` lets a pick take (a boolean per role, broadcast against z's role logits; None: all)."""
+    roles = z[..., n_models:] if role_allowed is None else np.where(role_allowed, z[..., n_models:], -np.inf)
+    return softmax(z[..., :n_models]), softmax(roles)
+
+
 def route_probs(W: np.ndarray, h: np.ndarray, n_models: int) -> tuple[np.ndarray, np.ndarray]:
     """Model and role distributions for hidden states h of shape (d,) or (n, d)."""
-    z = h @ W.T
-    return softmax(z[..., :n_models]), softmax(z[..., n_models:])
+    return pick_probs(h @ W.T, n_models)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from trinity.coordinator.head import softmax
+from trinity.coordinator.head import pick_probs
 from trinity.coordinator.roles import ROLES, Role, Turn, forced_role, is_answer, latest_answer, returned_answer
 
 ENDINGS: tuple[str, ...] = ("outage", "accept", "max_turns", "first_answer")
@@ -142,8 +142,7 @@ def enumerate_paths(rule: StepRule, heads: np.ndarray, n_models: int,
             return
         z = W @ np.asarray(h, dtype=np.float64)  # (K, n_models + 3)
         mask = rule.role_mask(turns)
-        p_model = softmax(z[:, :n_models])
-        p_role = softmax(np.where(mask, z[:, n_models:], -np.inf))
+        p_model, p_role = pick_probs(z, n_models, mask)  # the loop's distributions (play_episodes)
         if greedy:
             p_model = np.eye(n_models)[p_model.argmax(axis=1)]
             p_role = np.eye(len(ROLES))[p_role.argmax(axis=1)]
